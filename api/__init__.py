@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI): filled by the service issue; nothing here yet."""

@@ -1,0 +1,1 @@
+"""The `resnet-service` command line."""

@@ -1,0 +1,1 @@
+"""Training and evaluation engine: filled by the training issue; nothing here yet."""

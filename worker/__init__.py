@@ -1,0 +1,1 @@
+"""Celery workers: filled by the service issue; nothing here yet."""
