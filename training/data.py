@@ -1,0 +1,90 @@
+"""The shapes data takes between the readers, the input pipeline and the loop.
+
+Readers (`training.datasets`) return a `LoadedDataset`; the input pipeline
+(`training.pipeline`) turns a split into `Batches` for the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model and a checkpoint need to know about the data it was trained on."""
+
+    name: str
+    classes: tuple[str, ...]
+    channels: int
+    image_size: tuple[int, int]  # (height, width)
+    mean: tuple[float, ...]  # per channel, of the training split, on the [0, 1] scale
+    std: tuple[float, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass(frozen=True)
+class TensorSplit:
+    """A split held in memory: uint8 images (N, C, H, W) and int64 labels (N,)."""
+
+    images: Tensor
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """A split too large for memory: image files decoded per sample by DataLoader workers."""
+
+    paths: tuple[Path, ...]
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+Split = TensorSplit | FileSplit
+
+
+@dataclass(frozen=True)
+class LoadedDataset:
+    """A dataset's info and its train / validation / test splits (validation may be empty)."""
+
+    info: DatasetInfo
+    train: Split
+    val: Split
+    test: Split
+
+    def split(self, name: str) -> Split:
+        """The split called `name` ("train", "val" or "test")."""
+        splits: dict[str, Split] = {"train": self.train, "val": self.val, "test": self.test}
+        return splits[name]
+
+
+def empty_split(info: DatasetInfo) -> TensorSplit:
+    """A split with no images, shaped like the dataset's."""
+    height, width = info.image_size
+    images = torch.empty(0, info.channels, height, width, dtype=torch.uint8)
+    return TensorSplit(images, torch.empty(0, dtype=torch.int64))
+
+
+class Batches(Protocol):
+    """Batches of normalised float images and int64 labels, already on the device.
+
+    `epoch(e, start)` yields the batches of epoch `e` from batch index `start` on; the same
+    (seed, e) gives the same order and augmentation, so a resumed run continues exactly.
+    """
+
+    def __len__(self) -> int: ...
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]: ...
