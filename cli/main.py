@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
+import torch
 import typer
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 import models
+from cli.run_sinks import ProgressSink
+from core.settings import get_settings
+from training import runs
+from training.specs import DatasetSpec, TrainSpec
 
 app = typer.Typer(help="Train, evaluate, compare and serve the ResNets of He et al.")
 
@@ -65,3 +72,149 @@ def _si(value: int) -> str:
         if value >= threshold:
             return f"{value / threshold:.2f}{suffix}"
     return str(value)
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, Any]:
+    """`key=value` items to a dict; values are read as JSON when they parse, else as text."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected key=value, got {item!r}", param_hint=what)
+        try:
+            result[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            result[key] = raw
+    return result
+
+
+def _spec_or_exit(payload: dict[str, Any]) -> TrainSpec:
+    try:
+        return TrainSpec.model_validate(payload)
+    except ValidationError as error:
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            typer.echo(f"error: {where}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from error
+
+
+@app.command()
+def train(
+    model: Annotated[str, typer.Option(help="Zoo name, e.g. resnet20.")] = "resnet20",
+    dataset: Annotated[str, typer.Option(help="Dataset name, e.g. digits, cifar10.")] = "digits",
+    out: Annotated[Path, typer.Option(help="Run folder: checkpoints, metrics, summary.")] = Path(
+        "var/runs/latest"
+    ),
+    epochs: Annotated[float | None, typer.Option(help="Budget in epochs.")] = None,
+    iterations: Annotated[int | None, typer.Option(help="Budget in iterations.")] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="Model option key=value.")
+    ] = None,
+    dataset_option: Annotated[
+        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
+    ] = None,
+    recipe: Annotated[
+        list[str] | None,
+        typer.Option("--recipe", "-r", help="Recipe field key=value, e.g. lr=0.05."),
+    ] = None,
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="A whole train spec as JSON instead.")
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="cpu, cuda, cuda:1; default: cuda if any.")
+    ] = None,
+    data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the run folder's checkpoint.")] = True,
+) -> None:
+    """Train a model locally, with no server; ends with a summary table."""
+    if spec_file is not None:
+        spec = _spec_or_exit(json.loads(spec_file.read_text()))
+    else:
+        recipe_fields = _pairs(recipe, "--recipe")
+        if epochs is not None:
+            recipe_fields["epochs"] = epochs
+        if iterations is not None:
+            recipe_fields["iterations"] = iterations
+        spec = _spec_or_exit(
+            {
+                "model": {"name": model, "options": _pairs(option, "--option")},
+                "dataset": {"name": dataset, **_pairs(dataset_option, "--dataset-option")},
+                "recipe": recipe_fields,
+            }
+        )
+    settings = get_settings()
+    console = Console()
+    with ProgressSink(out, console) as sink:
+        summary = runs.train(
+            spec,
+            data_root=data_root or settings.data_dir,
+            out_dir=out,
+            sink=sink,
+            device=torch.device(device) if device else None,
+            download=settings.allow_downloads,
+            resume=resume,
+        )
+    table = Table(title=f"{spec.model.name} on {summary['dataset']}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for label, value in (
+        ("steps", f"{summary['steps']:,} / {summary['total_steps']:,}"),
+        ("params", f"{summary['params']:,}"),
+        ("MACs / image", _si(summary["macs"])),
+        ("final test error", _percent(summary["final_test_error"])),
+        ("best test error", _percent(summary["best_test_error"])),
+        ("train images/s", f"{summary['images_per_s'] or 0:,.0f}"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("run folder", str(out)),
+    ):
+        table.add_row(label, value)
+    console.print(table)
+
+
+@app.command("evaluate")
+def evaluate_command(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file (step-N.pt, best.pt).")],
+    dataset: Annotated[str, typer.Option(help="Dataset name.")] = "digits",
+    split: Annotated[str, typer.Option(help="train, val or test.")] = "test",
+    dataset_option: Annotated[
+        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
+    ] = None,
+    tta: Annotated[bool, typer.Option(help="Average with the flipped view.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda; default: cuda if any.")] = None,
+    data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
+) -> None:
+    """Evaluate a checkpoint: error, top-5, per-class accuracy, calibration."""
+    payload = {"name": dataset, "split": split, **_pairs(dataset_option, "--dataset-option")}
+    try:
+        dataset_spec = TypeAdapter(DatasetSpec).validate_python(payload)
+        result = runs.evaluate_checkpoint(
+            checkpoint,
+            dataset_spec,
+            data_root=data_root or get_settings().data_dir,
+            device=torch.device(device) if device else None,
+            tta_flip=tta,
+        )
+    except (ValidationError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from error
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    table = Table(title=f"{checkpoint} on {dataset} ({split})")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for label, value in (
+        ("images", f"{result.count:,}"),
+        ("loss", f"{result.loss:.4f}"),
+        ("top-1 error", _percent(result.error)),
+        ("top-5 error", _percent(result.top5_error)),
+        ("calibration error (ECE)", f"{result.ece:.4f}"),
+        ("images/s", f"{result.images_per_s:,.0f}"),
+    ):
+        table.add_row(label, value)
+    Console().print(table)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"

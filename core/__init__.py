@@ -1,1 +1,1 @@
-"""Settings, database and job specs shared by api and worker: filled by the service issue."""
+"""Shared by api, worker and the command line: settings (database and specs to come)."""

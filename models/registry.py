@@ -99,12 +99,22 @@ def build(name: str, *, num_classes: int = 10, in_channels: int = 3, **options: 
 
 
 def describe(
-    name: str, *, num_classes: int = 10, in_channels: int = 3, **options: Any
+    name: str,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Name, family, depth, block, wiring, parameters and MACs at the default input size."""
+    """Name, family, depth, block, wiring, parameters and MACs per image.
+
+    MACs are counted at `input_size` (square), by default the net's own: 32 or 224.
+    """
     arch = resolve(name, **options)
     _check_positive(num_classes=num_classes, in_channels=in_channels)
-    size = 32 if arch.stem == "cifar" else 224
+    default_size = 32 if arch.stem == "cifar" else 224
+    size = input_size or default_size
+    _check_positive(input_size=size)
     params, macs = _count(arch, num_classes, in_channels, size)
     parsed = parse_name(name)
     return {
@@ -120,7 +130,8 @@ def describe(
         "in_channels": in_channels,
         "params": params,
         "macs": macs,
-        "default_input_size": size,
+        "input_size": size,
+        "default_input_size": default_size,
     }
 
 

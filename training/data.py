@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -29,6 +29,30 @@ class DatasetInfo:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    def to_record(self) -> dict[str, Any]:
+        """A plain dict for checkpoints (loadable with `weights_only=True`) and JSON."""
+        return {
+            "name": self.name,
+            "classes": list(self.classes),
+            "channels": self.channels,
+            "image_size": list(self.image_size),
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> DatasetInfo:
+        """The `DatasetInfo` that `to_record` wrote."""
+        height, width = record["image_size"]
+        return cls(
+            name=record["name"],
+            classes=tuple(record["classes"]),
+            channels=record["channels"],
+            image_size=(height, width),
+            mean=tuple(record["mean"]),
+            std=tuple(record["std"]),
+        )
 
 
 @dataclass(frozen=True)

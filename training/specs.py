@@ -102,7 +102,7 @@ class ImageFolderSpec(_DatasetBase):
 
 
 class SyntheticSpec(_DatasetBase):
-    """Seeded noise with random labels: for smoke tests only."""
+    """Seeded noise around a fixed pattern per class: learnable, for smoke tests only."""
 
     name: Literal["synthetic"]
     num_classes: int = Field(10, ge=2, le=1000)
@@ -122,3 +122,69 @@ DatasetSpec = Annotated[
     | SyntheticSpec,
     Field(discriminator="name"),
 ]
+
+
+class RecipeSpec(Spec):
+    """How to train: the papers' CIFAR recipe by default, every field overridable."""
+
+    iterations: int | None = Field(
+        None, ge=1, le=10_000_000, description="Budget in iterations (default 64,000)."
+    )
+    epochs: float | None = Field(None, gt=0, le=10_000, description="Budget in epochs instead.")
+    batch_size: int = Field(128, ge=1, le=65_536)
+    optimizer: Literal["sgd", "nesterov", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0, le=10)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(1e-4, ge=0, le=1)
+    schedule: Literal["multistep", "cosine", "onecycle", "constant"] = "multistep"
+    milestones: tuple[float, ...] = Field(
+        (0.5, 0.75), description="Multistep: fractions of the budget where lr is divided."
+    )
+    gamma: float = Field(0.1, gt=0, le=1, description="Multistep: the factor at each milestone.")
+    warmup: Literal["auto", "off", "paper", "linear"] = Field(
+        "auto",
+        description="paper: lr 0.01 until training error < 80% (ResNet-110 and the 2016 nets); "
+        "linear: ramp over warmup_iterations; auto: paper for depth >= 110 and 2016 units.",
+    )
+    warmup_lr: float = Field(0.01, gt=0, le=10)
+    warmup_error: float = Field(0.8, gt=0, le=1)
+    warmup_iterations: int = Field(400, ge=1, le=1_000_000)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this.")
+    augment: bool = Field(True, description="Pad-4 random crop and horizontal flip.")
+    augment_pad: int = Field(4, ge=0, le=32)
+    augment_flip: bool = True
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    mixed_precision: Literal["auto", "bf16", "fp16", "off"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, off on the CPU."
+    )
+    channels_last: bool | None = Field(None, description="Default: on CUDA.")
+    compile: bool = Field(False, description="torch.compile the model.")
+    log_every: int = Field(50, ge=1, le=100_000, description="Iterations between train metrics.")
+    eval_every: int | None = Field(None, ge=1, description="Iterations; default: every epoch.")
+    diagnostics_every: int | None = Field(
+        None, ge=1, description="Iterations between per-block diagnostics; default: 10 per run."
+    )
+    checkpoint_every: int | None = Field(None, ge=1, description="Iterations; default: epoch.")
+    keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept besides the best.")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> RecipeSpec:
+        if self.iterations is not None and self.epochs is not None:
+            raise ValueError("give the budget as iterations or as epochs, not both")
+        if any(not 0 < m < 1 for m in self.milestones) or list(self.milestones) != sorted(
+            self.milestones
+        ):
+            raise ValueError("milestones must be increasing fractions of the budget in (0, 1)")
+        return self
+
+
+class TrainSpec(Spec):
+    """A training run: which net, on which data, with which recipe."""
+
+    kind: Literal["train"] = "train"
+    name: str | None = Field(None, max_length=200)
+    tags: tuple[str, ...] = Field((), max_length=20)
+    model: ModelSpec
+    dataset: DatasetSpec
+    recipe: RecipeSpec = Field(default_factory=RecipeSpec)

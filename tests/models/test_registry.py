@@ -158,3 +158,11 @@ def test_bad_names_and_options_say_what_is_valid(
 def test_num_classes_must_be_a_positive_integer(value: object) -> None:
     with pytest.raises(ValueError, match="num_classes must be a positive integer"):
         models.build("resnet20", num_classes=value)  # type: ignore[arg-type]
+
+
+def test_macs_scale_with_the_input_size() -> None:
+    at_32 = models.describe("resnet20")
+    at_8 = models.describe("resnet20", input_size=8, in_channels=1)
+    assert (at_8["input_size"], at_8["default_input_size"]) == (8, 32)
+    # Every conv runs on 1/16 of the positions; only the first conv's input channels change.
+    assert at_8["macs"] == pytest.approx(at_32["macs"] / 16, rel=0.01)

@@ -1,0 +1,110 @@
+"""The training loop end to end on real (digits) and synthetic data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from training import checkpoints, runs
+from training.datasets import load_dataset
+from training.events import RecordingSink
+from training.loop import fit
+from training.specs import TrainSpec
+
+
+def _spec(**recipe: Any) -> TrainSpec:
+    return TrainSpec.model_validate(
+        {
+            "model": {
+                "name": "resnet8",
+                "options": {"shortcut_variant": "dropout", "shortcut_dropout": 0.1},
+            },
+            "dataset": {
+                "name": "synthetic",
+                "image_size": 8,
+                "train_size": 64,
+                "test_size": 32,
+                "validation": 0.25,
+            },
+            "recipe": {
+                "batch_size": 16,
+                "iterations": 8,
+                "log_every": 2,
+                "checkpoint_every": 4,
+                "eval_every": 4,
+                **recipe,
+            },
+        }
+    )
+
+
+def _history(sink: RecordingSink) -> list[tuple[int, str, float]]:
+    return [(s, n, v) for s, n, v in sink.metrics if n != "images_per_s"]
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+    spec = _spec()
+    data = load_dataset(spec.dataset, data_root=tmp_path)
+    whole = RecordingSink()
+    fit(spec, data, out_dir=tmp_path / "whole", sink=whole)
+
+    first = RecordingSink(stop_at=4)
+    halfway = fit(spec, data, out_dir=tmp_path / "split", sink=first)
+    assert halfway["stopped"] is True
+    assert halfway["steps"] == 4
+    second = RecordingSink()
+    fit(spec, data, out_dir=tmp_path / "split", sink=second)
+    assert ("info", "resumed from step-4.pt at step 4") in second.events
+
+    a = checkpoints.load(tmp_path / "whole" / "checkpoints" / "step-8.pt")["model"]
+    b = checkpoints.load(tmp_path / "split" / "checkpoints" / "step-8.pt")["model"]
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _history(first) + _history(second) == _history(whole)
+    assert {n for _, n, _ in whole.metrics} >= {
+        "train/loss",
+        "train/error",
+        "lr",
+        "val/error",
+        "test/error",
+    }
+
+
+def test_diagnostics_report_every_unit(tmp_path: Path) -> None:
+    spec = _spec(diagnostics_every=4)
+    sink = RecordingSink()
+    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    at_step_4 = {n: v for s, n, v in sink.metrics if s == 4 and n.startswith("diag/")}
+    # resnet8 has three units: a response std and an input-gradient norm each.
+    assert sorted(at_step_4) == [f"diag/grad_norm/{i}" for i in range(3)] + [
+        f"diag/response_std/{i}" for i in range(3)
+    ]
+    assert all(v > 0 for v in at_step_4.values())
+
+
+def test_cancel_stops_within_a_step(tmp_path: Path) -> None:
+    spec = _spec(iterations=100)
+    sink = RecordingSink(stop_at=3)
+    summary = fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    assert summary["steps"] == 3
+    assert ("info", "stopped on request") in sink.events
+
+
+@pytest.mark.slow
+def test_resnet20_learns_digits(tmp_path: Path) -> None:
+    spec = TrainSpec.model_validate(
+        {
+            "model": {"name": "resnet20"},
+            "dataset": {"name": "digits", "validation": 0},
+            "recipe": {"epochs": 15, "batch_size": 64, "augment_pad": 1, "seed": 0},
+        }
+    )
+    summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=RecordingSink())
+    assert summary["final_test_error"] <= 0.05, summary
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert (
+        checkpoints.load(tmp_path / "run" / "checkpoints" / "best.pt")["data"]["name"] == "digits"
+    )

@@ -1,0 +1,126 @@
+"""Checkpoints: written atomically with a sha256, read back only with `weights_only=True`.
+
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts (nothing a pickle
+could execute): model, optimizer and scaler state, step, epoch, RNG state, the run's spec,
+the data's normalisation and class names, and the loop's running-metric window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_FILE = re.compile(r"step-(\d+)\.pt")
+BEST = "best.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, corrupted, or not what the database says it is."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """Where a checkpoint lies and what it holds, as recorded next to the run."""
+
+    path: Path
+    sha256: str
+    bytes: int
+    step: int
+    epoch: int
+    is_best: bool
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 hex digest of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    # The rename itself is durable only once the directory entry is on disk.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save(
+    directory: Path, state: dict[str, Any], *, is_best: bool, keep_last: int
+) -> CheckpointInfo:
+    """Save `state` as `step-N.pt` (and `best.pt`), with a `.sha256` beside each file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    path = directory / f"step-{state['step']}.pt"
+    for target in [path, directory / BEST] if is_best else [path]:
+        write_atomic(target, data)
+        write_atomic(target.with_suffix(".sha256"), f"{digest}  {target.name}\n".encode())
+    _prune(directory, keep_last)
+    return CheckpointInfo(path, digest, len(data), state["step"], state["epoch"], is_best)
+
+
+def _prune(directory: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` step checkpoints (best.pt is its own copy)."""
+    steps = sorted(
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := STEP_FILE.fullmatch(p.name)) is not None
+    )
+    for _, old in steps[:-keep_last]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".sha256").unlink(missing_ok=True)
+
+
+def latest(directory: Path) -> Path | None:
+    """The step checkpoint with the highest step in `directory`, if any."""
+    steps = [
+        (int(m.group(1)), p)
+        for p in directory.glob("step-*.pt")
+        if (m := STEP_FILE.fullmatch(p.name)) is not None
+    ]
+    return max(steps)[1] if steps else None
+
+
+def load(path: Path, *, sha256: str | None = None) -> dict[str, Any]:
+    """Load a checkpoint after checking its sha256 (given, or from the `.sha256` beside it)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    expected = sha256 or _recorded_sha256(path)
+    if expected is not None and sha256_of(path) != expected:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted: its sha256 differs from the recorded {expected}"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError) as error:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {error}") from error
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint of this service")
+    return state
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    sidecar = path.with_suffix(".sha256")
+    return sidecar.read_text().split()[0] if sidecar.is_file() else None

@@ -1,0 +1,50 @@
+"""Datasets that need no files: scikit-learn's 8x8 digits and seeded synthetic noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from torch import Tensor
+
+from training.data import TensorSplit
+from training.datasets.common import Parts, stratified_split, take
+from training.specs import DigitsSpec, SyntheticSpec
+
+# Std of the noise around each synthetic class's pattern, in uint8 steps.
+NOISE_STD = 64.0
+CHUNK = 1_024
+
+
+def digits(spec: DigitsSpec) -> Parts:
+    """The 1,797 UCI digits, 0..16 scaled to 0..255, with a seeded stratified test split."""
+    bunch = load_digits()
+    images = np.rint(bunch.images * 255 / 16).astype(np.uint8)[:, None]
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    everything = TensorSplit(torch.from_numpy(images), labels)
+    kept, held = stratified_split(labels, spec.test_fraction, spec.split_seed)
+    classes = tuple(str(digit) for digit in range(10))
+    return Parts("digits", classes, 1, (8, 8), take(everything, kept), take(everything, held))
+
+
+def _noisy(patterns: Tensor, count: int, generator: torch.Generator) -> TensorSplit:
+    """`count` images, each its class's pattern plus Gaussian noise, built in chunks."""
+    labels = torch.randint(len(patterns), (count,), generator=generator)
+    images = torch.empty((count, *patterns.shape[1:]), dtype=torch.uint8)
+    for start in range(0, count, CHUNK):
+        chunk = labels[start : start + CHUNK]
+        noise = torch.randn((len(chunk), *patterns.shape[1:]), generator=generator) * NOISE_STD
+        images[start : start + CHUNK] = (patterns[chunk] + noise).round().clamp(0, 255)
+    return TensorSplit(images, labels)
+
+
+def synthetic(spec: SyntheticSpec) -> Parts:
+    """Seeded noise around one fixed random pattern per class, so a net can learn it."""
+    generator = torch.Generator().manual_seed(spec.split_seed)
+    shape = (spec.num_classes, spec.channels, spec.image_size, spec.image_size)
+    patterns = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+    train = _noisy(patterns, spec.train_size, generator)
+    test = _noisy(patterns, spec.test_size, generator)
+    classes = tuple(f"class_{label}" for label in range(spec.num_classes))
+    size = (spec.image_size, spec.image_size)
+    return Parts("synthetic", classes, spec.channels, size, train, test)

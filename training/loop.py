@@ -1,0 +1,358 @@
+"""The training loop: reads top to bottom, reports to an `EventSink`, resumes exactly.
+
+No host synchronisation per step: the running loss and error accumulate on the device and
+are read every `log_every` steps. A run resumed from its latest checkpoint continues the
+same step axis with the same batches, so N steps in one go equal N/2 + N/2 bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import models
+from training import checkpoints
+from training.data import Batches, DatasetInfo, LoadedDataset
+from training.diagnostics import BlockProbe
+from training.evaluate import Evaluation, evaluate
+from training.events import EventSink
+from training.pipeline import Augmentation, make_batches
+from training.recipe import (
+    learning_rate,
+    make_optimizer,
+    set_lr,
+    total_iterations,
+    uses_paper_warmup,
+    warmup_over,
+)
+from training.specs import RecipeSpec, TrainSpec
+
+EVAL_BATCH = 512
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from step to step, and into a checkpoint."""
+
+    step: int = 0
+    warming_up: bool = False
+    best_error: float = math.inf  # of the split that selects the best checkpoint
+    last_error: float = math.nan
+    best_test_error: float = math.inf
+
+
+class Window:
+    """Running sums of training loss and errors, kept on the device between reads."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)
+        self.started = time.perf_counter()
+
+    def add(self, loss: Tensor, errors: Tensor, count: int) -> None:
+        self.sums[0] += loss.double() * count
+        self.sums[1] += errors
+        self.sums[2] += count
+
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent outside training steps (evaluation, checkpoints) out of images/s."""
+        self.started += seconds
+
+    def read_and_reset(self) -> tuple[float, float, int, float]:
+        """Mean loss, error rate, images and seconds since the last read (one device sync)."""
+        loss_sum, error_sum, count = self.sums.tolist()
+        elapsed = time.perf_counter() - self.started
+        self.sums.zero_()
+        self.started = time.perf_counter()
+        return loss_sum / max(count, 1), error_sum / max(count, 1), int(count), elapsed
+
+
+def fit(
+    spec: TrainSpec,
+    data: LoadedDataset,
+    *,
+    out_dir: Path,
+    sink: EventSink,
+    device: torch.device | None = None,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Train `spec` on `data`, checkpointing to `out_dir/checkpoints`; return the summary."""
+    recipe, info = spec.recipe, data.info
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(recipe.seed)
+    model = models.build(
+        spec.model.name,
+        num_classes=info.num_classes,
+        in_channels=info.channels,
+        **spec.model.options,
+    ).to(device)
+    channels_last = device.type == "cuda" if recipe.channels_last is None else recipe.channels_last
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    amp_dtype = autocast_dtype(recipe, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    optimizer = make_optimizer(recipe, model)
+
+    augment = Augmentation(pad=recipe.augment_pad, flip=recipe.augment_flip)
+    train_batches = make_batches(
+        data.train,
+        info,
+        batch_size=recipe.batch_size,
+        device=device,
+        augment=augment if recipe.augment else False,
+        shuffle=True,
+        drop_last=len(data.train) > recipe.batch_size,
+        seed=recipe.seed,
+        channels_last=channels_last,
+    )
+    eval_sets = {
+        name: make_batches(
+            split,
+            info,
+            batch_size=EVAL_BATCH,
+            device=device,
+            augment=False,
+            shuffle=False,
+            drop_last=False,
+            seed=recipe.seed,
+            channels_last=channels_last,
+        )
+        for name, split in (("val", data.val), ("test", data.test))
+        if len(split) > 0
+    }
+    per_epoch = len(train_batches)
+    total = total_iterations(recipe, per_epoch)
+    eval_every = recipe.eval_every or per_epoch
+    checkpoint_every = recipe.checkpoint_every or per_epoch
+    diagnostics_every = recipe.diagnostics_every or max(1, total // 10)
+
+    state = LoopState(warming_up=uses_paper_warmup(recipe, spec.model))
+    window = Window(device)
+    checkpoint_dir = out_dir / "checkpoints"
+    latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
+    if latest is not None:
+        restored = checkpoints.load(latest)
+        _restore(restored, model, optimizer, scaler, state, window)
+        sink.on_event("info", f"resumed from {latest.name} at step {state.step}")
+    else:
+        sink.on_event("info", f"training {spec.model.name} on {info.name} for {total} steps")
+
+    runner: nn.Module = torch.compile(model) if recipe.compile else model  # type: ignore[assignment]
+    probe = BlockProbe(model)
+    started = time.perf_counter()
+    train_seconds, train_images = 0.0, 0
+    stopped = False
+    evaluations: dict[str, Evaluation] = {}
+    evaluated_at = -1
+    while state.step < total and not stopped:
+        epoch, start = divmod(state.step, per_epoch)
+        for x, y in train_batches.epoch(epoch, start):
+            set_lr(optimizer, learning_rate(recipe, state.step, total, warming_up=state.warming_up))
+            diagnose = (state.step + 1) % diagnostics_every == 0
+            with probe.capture(enabled=diagnose):
+                loss, errors = train_step(runner, optimizer, scaler, x, y, recipe, amp_dtype)
+            window.add(loss, errors, y.shape[0])
+            state.step += 1
+            step, epochs = state.step, state.step / per_epoch
+            if step % recipe.log_every == 0 or step == total:
+                mean_loss, error, images, seconds = window.read_and_reset()
+                train_images, train_seconds = train_images + images, train_seconds + seconds
+                rate = images / max(seconds, 1e-9)
+                values = {"train/loss": mean_loss, "train/error": error, "images_per_s": rate}
+                sink.on_metrics(step, epochs, {**values, "lr": optimizer.param_groups[0]["lr"]})
+                if state.warming_up and warmup_over(recipe, step, error):
+                    state.warming_up = False
+                    sink.on_event("info", f"warm-up over at step {step} (train error {error:.3f})")
+            if diagnose:
+                sink.on_metrics(step, epochs, probe.read())
+            pause = time.perf_counter()
+            if step % eval_every == 0 or step == total:
+                evaluations = _evaluate_all(
+                    runner, eval_sets, info, state, step, epochs, sink, amp_dtype
+                )
+                evaluated_at = step
+            if step % checkpoint_every == 0 or step == total:
+                is_best = state.last_error <= state.best_error
+                state.best_error = min(state.best_error, state.last_error)
+                saved = checkpoints.save(
+                    checkpoint_dir,
+                    _checkpoint_state(
+                        spec, info, model, optimizer, scaler, state, window, per_epoch
+                    ),
+                    is_best=is_best,
+                    keep_last=recipe.keep_last,
+                )
+                sink.on_checkpoint(saved)
+            window.exclude(time.perf_counter() - pause)
+            sink.on_progress(step, total)
+            if step >= total or sink.should_stop():
+                stopped = step < total
+                break
+
+    if evaluated_at != state.step:
+        evaluations = _evaluate_all(
+            runner, eval_sets, info, state, state.step, state.step / per_epoch, sink, amp_dtype
+        )
+    summary = _summary(
+        spec, info, state, evaluations, total, time.perf_counter() - started, stopped
+    )
+    summary["images_per_s"] = train_images / train_seconds if train_seconds else None
+    sink.on_event("info", "stopped on request" if stopped else "finished")
+    return summary
+
+
+def autocast_dtype(recipe: RecipeSpec, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA unless turned off; the CPU trains in float32 by default."""
+    choice = recipe.mixed_precision
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[choice]
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    x: Tensor,
+    y: Tensor,
+    recipe: RecipeSpec,
+    amp_dtype: torch.dtype | None,
+) -> tuple[Tensor, Tensor]:
+    """One SGD step; returns the loss and the number of misclassified images (on device)."""
+    with torch.autocast(
+        x.device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None
+    ):
+        logits = model(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=recipe.label_smoothing)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if recipe.grad_clip is not None:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach(), (logits.detach().argmax(1) != y).sum()
+
+
+def _evaluate_all(
+    model: nn.Module,
+    eval_sets: dict[str, Batches],
+    info: DatasetInfo,
+    state: LoopState,
+    step: int,
+    epochs: float,
+    sink: EventSink,
+    amp_dtype: torch.dtype | None,
+) -> dict[str, Evaluation]:
+    """Evaluate on validation and test, report the errors, and track the best."""
+    results: dict[str, Evaluation] = {}
+    values: dict[str, float] = {}
+    for name, batches in eval_sets.items():
+        result = results[name] = evaluate(
+            model, batches, info.num_classes, autocast_dtype=amp_dtype
+        )
+        values |= {f"{name}/loss": result.loss, f"{name}/error": result.error}
+        values[f"{name}/top5_error"] = result.top5_error
+    # The best checkpoint is chosen on validation error, on test error when there is none.
+    selector = "val/error" if "val/error" in values else "test/error"
+    state.last_error = values.get(selector, math.nan)
+    state.best_test_error = min(state.best_test_error, values.get("test/error", math.inf))
+    sink.on_metrics(step, epochs, values)
+    return results
+
+
+def _checkpoint_state(
+    spec: TrainSpec,
+    info: DatasetInfo,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    state: LoopState,
+    window: Window,
+    per_epoch: int,
+) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "step": state.step,
+        "epoch": state.step // per_epoch,
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "spec": spec.model_dump(mode="json"),
+        "data": info.to_record(),
+        "loop": {
+            "warming_up": state.warming_up,
+            "best_error": state.best_error,
+            "last_error": state.last_error,
+            "best_test_error": state.best_test_error,
+            "window": window.sums.tolist(),
+        },
+    }
+
+
+def _restore(
+    saved: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    state: LoopState,
+    window: Window,
+) -> None:
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scaler.load_state_dict(saved["scaler"])
+    torch.set_rng_state(saved["rng"])
+    if saved["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    loop = saved["loop"]
+    state.step = saved["step"]
+    state.warming_up = loop["warming_up"]
+    state.best_error = loop["best_error"]
+    state.last_error = loop["last_error"]
+    state.best_test_error = loop["best_test_error"]
+    window.sums.copy_(torch.tensor(loop["window"], dtype=torch.float64))
+
+
+def _summary(
+    spec: TrainSpec,
+    info: DatasetInfo,
+    state: LoopState,
+    final: dict[str, Evaluation],
+    total: int,
+    wall_time: float,
+    stopped: bool,
+) -> dict[str, Any]:
+    described = models.describe(
+        spec.model.name,
+        num_classes=info.num_classes,
+        in_channels=info.channels,
+        input_size=info.image_size[0],
+        **spec.model.options,
+    )
+    test = final.get("test")
+    return {
+        "model": spec.model.name,
+        "dataset": info.name,
+        "steps": state.step,
+        "total_steps": total,
+        "stopped": stopped,
+        "params": described["params"],
+        "macs": described["macs"],
+        "final_test_error": test.error if test else None,
+        "best_test_error": _finite(state.best_test_error),
+        "best_error": _finite(state.best_error),
+        "wall_time_s": wall_time,
+        "final": {name: result.as_dict() for name, result in final.items()},
+    }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,91 @@
+"""Entry points that the CLI and the worker call: train a spec, evaluate a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import models
+from training import checkpoints
+from training.data import DatasetInfo
+from training.datasets import load_dataset
+from training.evaluate import Evaluation, evaluate
+from training.events import EventSink
+from training.loop import fit
+from training.pipeline import make_batches
+from training.specs import DatasetSpec, TrainSpec
+
+
+def train(
+    spec: TrainSpec,
+    *,
+    data_root: Path,
+    out_dir: Path,
+    sink: EventSink,
+    device: torch.device | None = None,
+    download: bool = False,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+    data = load_dataset(spec.dataset, data_root=data_root, download=download)
+    summary = fit(spec, data, out_dir=out_dir, sink=sink, device=device, resume=resume)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def load_trained_model(
+    path: Path, *, sha256: str | None = None, device: torch.device | None = None
+) -> tuple[models.ResNet, DatasetInfo, dict[str, Any]]:
+    """The net of a checkpoint in eval mode, its training data's info, and its spec."""
+    saved = checkpoints.load(path, sha256=sha256)
+    spec = TrainSpec.model_validate(saved["spec"])
+    info = DatasetInfo.from_record(saved["data"])
+    model = models.build(
+        spec.model.name,
+        num_classes=info.num_classes,
+        in_channels=info.channels,
+        **spec.model.options,
+    )
+    model.load_state_dict(saved["model"])
+    return model.to(device or torch.device("cpu")).eval(), info, saved["spec"]
+
+
+def evaluate_checkpoint(
+    path: Path,
+    dataset: DatasetSpec,
+    *,
+    data_root: Path,
+    device: torch.device | None = None,
+    tta_flip: bool = False,
+    download: bool = False,
+) -> Evaluation:
+    """Evaluate a checkpoint on `dataset.split`, preprocessing as its training did."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, trained_on, _ = load_trained_model(path, device=device)
+    data = load_dataset(dataset, data_root=data_root, download=download)
+    if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
+        raise ValueError(
+            f"checkpoint was trained on {trained_on.name} ({trained_on.num_classes} classes, "
+            f"{trained_on.channels} channels); {data.info.name} has {data.info.num_classes} "
+            f"classes and {data.info.channels} channels"
+        )
+    split = data.split(dataset.split)
+    if len(split) == 0:
+        raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
+    # The checkpoint's normalisation, not one recomputed from the evaluation data.
+    batches = make_batches(
+        split,
+        trained_on,
+        batch_size=512,
+        device=device,
+        augment=False,
+        shuffle=False,
+        drop_last=False,
+        seed=0,
+    )
+    return evaluate(model, batches, trained_on.num_classes, tta_flip=tta_flip)
