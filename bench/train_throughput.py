@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20, help="Measured steps per run.")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=2, help="Alternating runs; best kept.")
+    parser.add_argument("--repeats", type=int, default=3, help="Alternating runs; best kept.")
     args = parser.parse_args()
     data = make_data(args.batch_size * 40)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size}")

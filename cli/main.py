@@ -213,7 +213,14 @@ def evaluate_command(
         ("images/s", f"{result.images_per_s:,.0f}"),
     ):
         table.add_row(label, value)
-    Console().print(table)
+    per_class = Table(title="per-class accuracy")
+    per_class.add_column("class")
+    per_class.add_column("accuracy", justify="right")
+    for name, accuracy in zip(result.classes, result.per_class_accuracy, strict=True):
+        per_class.add_row(name, _percent(accuracy))
+    console = Console()
+    console.print(table)
+    console.print(per_class)
 
 
 def _percent(value: float | None) -> str:

@@ -6,7 +6,7 @@ Everything accumulates on the device and is read once at the end.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ class Evaluation:
     confusion: list[list[int]]  # rows: true class, columns: predicted class
     ece: float  # expected calibration error, 15 equal-width confidence bins
     images_per_s: float
+    classes: list[str] = field(default_factory=list)  # names, when the caller knows them
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -88,4 +89,5 @@ def evaluate_checkpoint(
         drop_last=False,
         seed=0,
     )
-    return evaluate(model, batches, trained_on.num_classes, tta_flip=tta_flip)
+    result = evaluate(model, batches, trained_on.num_classes, tta_flip=tta_flip)
+    return dataclasses.replace(result, classes=list(trained_on.classes))

@@ -99,12 +99,30 @@ def test_resnet20_learns_digits(tmp_path: Path) -> None:
         {
             "model": {"name": "resnet20"},
             "dataset": {"name": "digits", "validation": 0},
-            "recipe": {"epochs": 15, "batch_size": 64, "augment_pad": 1, "seed": 0},
+            # Crops shift 8x8 digits too far: no augmentation reaches 99% here.
+            "recipe": {"epochs": 15, "batch_size": 64, "augment": False, "seed": 0},
         }
     )
     summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=RecordingSink())
-    assert summary["final_test_error"] <= 0.05, summary
+    assert summary["final_test_error"] <= 0.03, summary
     assert (tmp_path / "run" / "summary.json").is_file()
     assert (
         checkpoints.load(tmp_path / "run" / "checkpoints" / "best.pt")["data"]["name"] == "digits"
     )
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        {"mixed_precision": "bf16", "channels_last": True},
+        {"mixed_precision": "fp16", "grad_clip": 1.0},
+        {"optimizer": "adamw", "lr": 0.001, "schedule": "cosine", "label_smoothing": 0.1},
+    ],
+)
+def test_recipe_variants_train(tmp_path: Path, recipe: dict[str, Any]) -> None:
+    spec = _spec(**recipe)
+    sink = RecordingSink()
+    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    losses = [v for _, v in sink.series("train/loss")]
+    assert len(losses) == 4
+    assert all(0 < v < 10 for v in losses)
