@@ -24,12 +24,9 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
     assert summary["steps"] == summary["total_steps"] == 2 * (1294 // 64)
     assert (out / "metrics.jsonl").read_text().count("train/loss") >= 1
 
-    evaluated = runner.invoke(
-        app,
-        ["evaluate", str(out / "checkpoints" / f"step-{summary['steps']}.pt"), "--json"]
-        + ["--dataset", "digits"]
-        + ["--data-root", str(tmp_path), "--device", "cpu"],
-    )
+    last = out / "checkpoints" / f"step-{summary['steps']}.pt"
+    args = ["evaluate", str(last), "--json", "--dataset", "digits"]
+    evaluated = runner.invoke(app, [*args, "--data-root", str(tmp_path), "--device", "cpu"])
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads(evaluated.output)
     assert report["count"] == 359  # a stratified fifth of 1,797
