@@ -154,10 +154,8 @@ def train(
             download=settings.allow_downloads,
             resume=resume,
         )
-    table = Table(title=f"{spec.model.name} on {summary['dataset']}")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    for label, value in (
+    table = _facts(
+        f"{spec.model.name} on {summary['dataset']}",
         ("steps", f"{summary['steps']:,} / {summary['total_steps']:,}"),
         ("params", f"{summary['params']:,}"),
         ("MACs / image", _si(summary["macs"])),
@@ -166,8 +164,7 @@ def train(
         ("train images/s", f"{summary['images_per_s'] or 0:,.0f}"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("run folder", str(out)),
-    ):
-        table.add_row(label, value)
+    )
     console.print(table)
 
 
@@ -201,18 +198,15 @@ def evaluate_command(
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
-    table = Table(title=f"{checkpoint} on {dataset} ({split})")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    for label, value in (
+    table = _facts(
+        f"{checkpoint} on {dataset} ({split})",
         ("images", f"{result.count:,}"),
         ("loss", f"{result.loss:.4f}"),
         ("top-1 error", _percent(result.error)),
         ("top-5 error", _percent(result.top5_error)),
         ("calibration error (ECE)", f"{result.ece:.4f}"),
         ("images/s", f"{result.images_per_s:,.0f}"),
-    ):
-        table.add_row(label, value)
+    )
     per_class = Table(title="per-class accuracy")
     per_class.add_column("class")
     per_class.add_column("accuracy", justify="right")
@@ -221,6 +215,16 @@ def evaluate_command(
     console = Console()
     console.print(table)
     console.print(per_class)
+
+
+def _facts(title: str, *rows: tuple[str, str]) -> Table:
+    """A two-column table of labelled values."""
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
 
 
 def _percent(value: float | None) -> str:

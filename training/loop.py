@@ -32,7 +32,7 @@ from training.recipe import (
     uses_paper_warmup,
     warmup_over,
 )
-from training.specs import RecipeSpec, TrainSpec
+from training.specs import ModelSpec, RecipeSpec, TrainSpec
 
 EVAL_BATCH = 512
 
@@ -86,12 +86,7 @@ def fit(
     recipe, info = spec.recipe, data.info
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(recipe.seed)
-    model = models.build(
-        spec.model.name,
-        num_classes=info.num_classes,
-        in_channels=info.channels,
-        **spec.model.options,
-    ).to(device)
+    model = build_model(spec.model, info).to(device)
     channels_last = device.type == "cuda" if recipe.channels_last is None else recipe.channels_last
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -205,6 +200,13 @@ def fit(
     summary["images_per_s"] = train_images / train_seconds if train_seconds else None
     sink.on_event("info", "stopped on request" if stopped else "finished")
     return summary
+
+
+def build_model(spec: ModelSpec, info: DatasetInfo) -> models.ResNet:
+    """The spec's net, shaped for the data's classes and channels."""
+    return models.build(
+        spec.name, num_classes=info.num_classes, in_channels=info.channels, **spec.options
+    )
 
 
 def autocast_dtype(recipe: RecipeSpec, device: torch.device) -> torch.dtype | None:

@@ -15,7 +15,7 @@ from training.data import DatasetInfo
 from training.datasets import load_dataset
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
-from training.loop import fit
+from training.loop import build_model, fit
 from training.pipeline import make_batches
 from training.specs import DatasetSpec, TrainSpec
 
@@ -46,12 +46,7 @@ def load_trained_model(
     saved = checkpoints.load(path, sha256=sha256)
     spec = TrainSpec.model_validate(saved["spec"])
     info = DatasetInfo.from_record(saved["data"])
-    model = models.build(
-        spec.model.name,
-        num_classes=info.num_classes,
-        in_channels=info.channels,
-        **spec.model.options,
-    )
+    model = build_model(spec.model, info)
     model.load_state_dict(saved["model"])
     return model.to(device or torch.device("cpu")).eval(), info, saved["spec"]
 
