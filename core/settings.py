@@ -14,11 +14,27 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
+    database_url: str = Field(
+        "sqlite:///var/resnet.db",
+        description="SQLAlchemy URL; postgresql+psycopg://... in production.",
+    )
+    broker_url: str = Field(
+        "sqla+sqlite:///var/broker.db", description="Celery broker; redis://... in production."
+    )
     data_dir: Path = Field(Path("var/data"), description="Where datasets are looked up.")
     artifact_dir: Path = Field(Path("var/artifacts"), description="Checkpoints and run files.")
     allow_downloads: bool = Field(
         False, description="Let torchvision download CIFAR/MNIST into DATA_DIR when missing."
     )
+    auth_enabled: bool = Field(True, description="Require API keys (Authorization: Bearer ...).")
+    lease_seconds: int = Field(60, ge=5, description="A running job's lease; heartbeats renew it.")
+    heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
+    max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before a job fails.")
+    max_job_seconds: int = Field(
+        7 * 24 * 3600, ge=60, description="Longest allowed job; time limits derive from it."
+    )
+    max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
+    device: str | None = Field(None, description="Worker device (cuda:0, cpu); default: auto.")
 
 
 @lru_cache

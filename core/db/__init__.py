@@ -1,0 +1,1 @@
+"""The database: engine and sessions (`session`), ORM tables (`tables`)."""

@@ -1,0 +1,166 @@
+"""ORM tables (SQLAlchemy 2.0). Alembic migrations in `migrations/` create them; nothing
+else does. Snake_case singular names, `_at` timestamps, explicit constraint names.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    Uuid,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, in UTC."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+    }
+
+
+class Job(Base):
+    """A train or evaluate job: its spec, where it is in its life, and its summary."""
+
+    __tablename__ = "job"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    name: Mapped[str | None] = mapped_column(String(200))
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model_name: Mapped[str | None] = mapped_column(String(100))
+    model_family: Mapped[str | None] = mapped_column(String(32))
+    depth: Mapped[int | None] = mapped_column(Integer)
+    dataset_name: Mapped[str | None] = mapped_column(String(100))
+    source_job_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("job.id", ondelete="SET NULL")
+    )
+    # Delivery and ownership: who runs it, until when, with which fencing token.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_expires_at: Mapped[datetime | None]
+    worker: Mapped[str | None] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    # Progress and summary (the runs table reads these, never the metric table).
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer)
+    final_test_error: Mapped[float | None] = mapped_column(Double)
+    best_test_error: Mapped[float | None] = mapped_column(Double)
+    params: Mapped[int | None] = mapped_column(BigInteger)
+    macs: Mapped[int | None] = mapped_column(BigInteger)
+    wall_time_s: Mapped[float | None] = mapped_column(Double)
+    images_per_s: Mapped[float | None] = mapped_column(Double)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        Index("ix_job_status_created_at", "status", "created_at"),
+        Index("ix_job_created_at_id", "created_at", "id"),
+        Index("ix_job_model_name", "model_name"),
+        Index("ix_job_dataset_name", "dataset_name"),
+    )
+
+
+class Metric(Base):
+    """One point of one time series of a job; (job, name, step) is unique, written by upsert."""
+
+    __tablename__ = "metric"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("job.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float] = mapped_column(Double)
+    epoch: Mapped[float | None] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Checkpoint(Base):
+    """A checkpoint file of a job, with the sha256 it must have when loaded."""
+
+    __tablename__ = "checkpoint"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    is_best: Mapped[bool] = mapped_column(Boolean, default=False)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_checkpoint_job_id_step", "job_id", "step"),)
+
+
+class Event(Base):
+    """A line of a job's log: status changes, warnings, errors."""
+
+    __tablename__ = "event"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_event_job_id_id", "job_id", "id"),)
+
+
+class ApiKey(Base):
+    """An API key: only the sha256 of its secret is stored."""
+
+    __tablename__ = "api_key"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]

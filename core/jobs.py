@@ -1,0 +1,274 @@
+"""A job's life in the database: create, claim, heartbeat, write, finish, cancel, reap.
+
+Keyword-only service functions over a caller-owned session (the caller commits). Every
+write a worker makes goes through `_fence`, a conditional UPDATE on the job's fencing
+token: a worker whose lease was taken over can no longer write anything.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+import models
+from core.db.tables import FINAL_STATUSES, Checkpoint, Event, Job, Metric, utcnow
+from core.specs import EvaluateJobSpec, TrainJobSpec
+
+
+class JobError(ValueError):
+    """A request about a job that cannot be met; the message says why."""
+
+
+class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
+    """This worker no longer owns the job: another delivery took it over, or it ended."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on a job: the fencing token that its writes must carry."""
+
+    job_id: uuid.UUID
+    token: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """One metric value at one step."""
+
+    name: str
+    step: int
+    value: float
+    epoch: float | None = None
+
+
+def create(
+    *,
+    session: Session,
+    spec: TrainJobSpec | EvaluateJobSpec,
+    max_attempts: int,
+    owner_key_id: uuid.UUID | None = None,
+    idempotency_key: str | None = None,
+) -> Job:
+    """Add a queued job for `spec` (flushed, not committed)."""
+    model_name: str | None
+    model_family: str | None
+    depth: int | None
+    if isinstance(spec, TrainJobSpec):
+        model_name = spec.model.name
+        model_family = models.parse_name(model_name).family
+        depth = models.resolve(model_name, **spec.model.options).depth
+        source_job_id = None
+    else:
+        source = session.get(Job, spec.source_job)
+        if source is None or source.kind != "train":
+            raise JobError(f"source_job {spec.source_job} is not a train job of this service")
+        if source.status != "succeeded":
+            raise JobError(f"source_job {spec.source_job} is {source.status}, not succeeded")
+        model_name, model_family, depth = source.model_name, source.model_family, source.depth
+        source_job_id = source.id
+    job = Job(
+        kind=spec.kind,
+        name=spec.name,
+        tags=list(spec.tags),
+        spec=spec.model_dump(mode="json"),
+        model_name=model_name,
+        model_family=model_family,
+        depth=depth,
+        dataset_name=spec.dataset.name,
+        source_job_id=source_job_id,
+        max_attempts=max_attempts,
+        owner_key_id=owner_key_id,
+        idempotency_key=idempotency_key,
+    )
+    session.add(job)
+    session.flush()
+    add_event(session=session, job_id=job.id, level="info", message="queued")
+    return job
+
+
+def claim(
+    *, session: Session, job_id: uuid.UUID, worker: str, device: str, lease_seconds: int
+) -> Claim | None:
+    """Take the job if it is queued or its lease expired; None if someone else holds it."""
+    now = utcnow()
+    claimable = or_(
+        Job.status == "queued",
+        and_(Job.status == "running", Job.lease_expires_at < now),
+    )
+    row = session.execute(
+        update(Job)
+        .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
+        .values(
+            status="running",
+            attempt=Job.attempt + 1,
+            fencing_token=Job.fencing_token + 1,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            worker=worker,
+            device=device,
+            started_at=now,
+            error=None,
+        )
+        .returning(Job.fencing_token, Job.attempt, Job.max_attempts)
+    ).one_or_none()
+    if row is None:
+        return None
+    token, attempt, max_attempts = row
+    if attempt > max_attempts:
+        reason = f"gave up after {max_attempts} attempts (workers died or lost their lease)"
+        finish(session=session, job_id=job_id, token=token, status="failed", error=reason)
+        return None
+    add_event(
+        session=session,
+        job_id=job_id,
+        level="info",
+        message=f"attempt {attempt} on {worker} ({device})",
+    )
+    return Claim(job_id, token, attempt)
+
+
+def _fence(session: Session, job_id: uuid.UUID, token: int, **values: Any) -> bool:
+    """Touch the job if `token` still owns it; return its cancel flag, or raise LeaseLost."""
+    row = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.fencing_token == token, Job.status == "running")
+        .values(updated_at=utcnow(), **values)
+        .returning(Job.cancel_requested)
+    ).one_or_none()
+    if row is None:
+        raise LeaseLost(f"job {job_id} is no longer held with token {token}")
+    return bool(row[0])
+
+
+def heartbeat(
+    *, session: Session, job_id: uuid.UUID, token: int, lease_seconds: int, **progress: Any
+) -> bool:
+    """Renew the lease (and record progress); returns whether a cancel was requested."""
+    lease = utcnow() + timedelta(seconds=lease_seconds)
+    return _fence(session, job_id, token, lease_expires_at=lease, **progress)
+
+
+def write_metrics(
+    *, session: Session, job_id: uuid.UUID, token: int, points: Sequence[Point]
+) -> None:
+    """Upsert metric points: a re-run of the same step replaces, never duplicates."""
+    _fence(session, job_id, token)
+    if not points:
+        return
+    rows = [
+        {"job_id": job_id, "name": p.name, "step": p.step, "value": p.value, "epoch": p.epoch}
+        for p in points
+    ]
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    statement = insert(Metric).values(rows)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["job_id", "name", "step"],
+            set_={"value": statement.excluded.value, "epoch": statement.excluded.epoch},
+        )
+    )
+
+
+def record_checkpoint(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    token: int,
+    step: int,
+    epoch: int,
+    path: str,
+    sha256: str,
+    size: int,
+    is_best: bool,
+    kept: Iterable[str],
+) -> None:
+    """Record a checkpoint file; forget rows of files the engine pruned (not in `kept`)."""
+    _fence(session, job_id, token)
+    existing = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)).all()
+    kept_paths = set(kept)
+    for row in existing:
+        if row.step == step or row.path not in kept_paths:
+            session.delete(row)
+        elif is_best:
+            row.is_best = False
+    session.add(
+        Checkpoint(
+            job_id=job_id,
+            step=step,
+            epoch=epoch,
+            path=path,
+            sha256=sha256,
+            bytes=size,
+            is_best=is_best,
+        )
+    )
+
+
+def add_event(
+    *, session: Session, job_id: uuid.UUID, level: str, message: str, token: int | None = None
+) -> None:
+    """Append a line to the job's log (fenced when a worker writes it)."""
+    if token is not None:
+        _fence(session, job_id, token)
+    session.add(Event(job_id=job_id, level=level, message=message))
+
+
+def finish(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    token: int,
+    status: str,
+    error: str | None = None,
+    summary: dict[str, Any] | None = None,
+) -> None:
+    """End the job as succeeded, failed or cancelled, with its summary columns."""
+    columns = _summary_columns(summary) if summary else {}
+    _fence(
+        session,
+        job_id,
+        token,
+        status=status,
+        error=error,
+        finished_at=utcnow(),
+        lease_expires_at=None,
+        summary=summary,
+        **columns,
+    )
+    add_event(
+        session=session, job_id=job_id, level="error" if error else "info", message=error or status
+    )
+
+
+def _summary_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("final_test_error", "best_test_error", "params", "macs", "wall_time_s", "images_per_s")
+    return {key: summary.get(key) for key in keys}
+
+
+def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
+    """Cancel a queued job now; ask a running one to stop (its worker ends it)."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        raise JobError(f"job {job_id} does not exist")
+    if job.status in FINAL_STATUSES:
+        raise JobError(f"job {job_id} is already {job.status}")
+    if job.status == "queued":
+        job.status, job.finished_at = "cancelled", utcnow()
+        add_event(session=session, job_id=job_id, level="info", message="cancelled while queued")
+    else:
+        job.cancel_requested = True
+        add_event(session=session, job_id=job_id, level="info", message="cancel requested")
+    return job
+
+
+def expired(*, session: Session) -> list[uuid.UUID]:
+    """Running jobs whose lease ran out: their worker died or hangs."""
+    query = select(Job.id).where(Job.status == "running", Job.lease_expires_at < utcnow())
+    return list(session.scalars(query))

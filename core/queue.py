@@ -1,0 +1,62 @@
+"""The Celery app and its reliability settings, in one place; Redis carries job ids only.
+
+The API enqueues with `enqueue` after its transaction commits; workers import the same
+app (worker/tasks.py registers the task). Postgres stays the source of truth: a lost or
+duplicated message costs nothing, because a task first claims its job in the database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import lru_cache
+
+from celery import Celery
+
+from core.settings import Settings
+
+RUN_JOB = "worker.run_job"
+REAP = "worker.reap_expired"
+QUEUE = "train"
+
+
+@lru_cache(maxsize=4)
+def celery_app(broker_url: str, max_job_seconds: int, lease_seconds: int) -> Celery:
+    """The Celery app for a broker; every reliability setting is here, with its reason."""
+    app = Celery("resnet_service", broker=broker_url)
+    app.conf.update(
+        # A task is acknowledged only after it ran, so a worker that dies mid-job leaves
+        # the message to be redelivered (the claim in the database prevents a double run).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # One job at a time per worker process, and no jobs reserved behind it.
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        # A fresh child process per job frees all GPU memory when the job ends.
+        worker_max_tasks_per_child=1,
+        # Redis re-delivers unacknowledged messages after this; it must exceed any job.
+        broker_transport_options={"visibility_timeout": max_job_seconds + 3600},
+        # JSON only: a message can never carry code.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_default_queue=QUEUE,
+        task_routes={RUN_JOB: {"queue": QUEUE}, REAP: {"queue": QUEUE}},
+        # Hard ceiling for any job; each task also gets limits derived from its budget.
+        task_time_limit=max_job_seconds + 600,
+        task_soft_time_limit=max_job_seconds,
+        # The reaper re-enqueues jobs whose lease expired (their worker died).
+        beat_schedule={"reap-expired": {"task": REAP, "schedule": float(lease_seconds)}},
+        broker_connection_retry_on_startup=True,
+    )
+    return app
+
+
+def app_for(settings: Settings) -> Celery:
+    """The Celery app configured by `settings`."""
+    return celery_app(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
+
+
+def enqueue(job_id: uuid.UUID, *, settings: Settings) -> None:
+    """Put a job id on the train queue (call after the job's row is committed)."""
+    app_for(settings).send_task(RUN_JOB, args=[str(job_id)], queue=QUEUE)
