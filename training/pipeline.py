@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms import v2
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from training.data import Batches, DatasetInfo, FileSplit, Split, TensorSplit
+from training.datasets.images import read_image
 
 
 @dataclass(frozen=True)
@@ -279,7 +278,8 @@ class _FileDataset(Dataset[tuple[Tensor, int]]):
     ) -> None:
         self._paths = split.paths
         self._labels: list[int] = split.labels.tolist()
-        self._mode = "L" if info.channels == 1 else "RGB"
+        self._channels = info.channels
+        self._size = info.image_size
         self._transform = _file_transform(info.image_size, augmentation)
         self._seed = seed
 
@@ -288,9 +288,9 @@ class _FileDataset(Dataset[tuple[Tensor, int]]):
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[Tensor, int]:
         epoch, index = key
-        # Pillow, not torchvision.io, whose decoders are deprecated since torchvision 0.29.
-        with Image.open(self._paths[index]) as file:
-            image = pil_to_tensor(file.convert(self._mode))
+        # Decoded and resized exactly as in-memory splits are (Pillow; torchvision.io's
+        # decoders are deprecated since torchvision 0.29), with errors naming the file.
+        image = torch.from_numpy(read_image(self._paths[index], self._channels, self._size))
         # Seeding each image by (seed, epoch, index) makes a batch independent of the worker
         # count and resumable mid-epoch; fork_rng leaves the caller's global generator alone
         # when there are no workers.
@@ -300,8 +300,8 @@ class _FileDataset(Dataset[tuple[Tensor, int]]):
 
 
 def _file_transform(size: tuple[int, int], augmentation: Augmentation | None) -> v2.Compose:
-    """Resize to the dataset's size (a no-op when it matches), then augment when training."""
-    steps: list[v2.Transform] = [v2.Resize(list(size), antialias=True)]
+    """Pad, crop and flip a decoded uint8 image when training; nothing when evaluating."""
+    steps: list[v2.Transform] = [v2.Identity()]
     if augmentation is not None:
         steps += [v2.Pad(augmentation.pad), v2.RandomCrop(list(size))]
     if augmentation is not None and augmentation.flip:
