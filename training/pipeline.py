@@ -55,7 +55,7 @@ def make_batches(
     if not len(info.mean) == len(info.std) == info.channels:
         raise ValueError(f"{info.name}: mean and std need one value per channel")
     schedule = _Schedule(len(split), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
-    normalise = _Normalise(info, device, channels_last=channels_last)
+    normalise = Normalise(info, device, channels_last=channels_last)
     augmentation = Augmentation() if augment is True else augment or None
     if isinstance(split, TensorSplit):
         return _TensorBatches(split, schedule, normalise, augmentation)
@@ -99,7 +99,7 @@ class _Schedule:
             raise ValueError(f"start batch must be in [0, {len(self)}], got {start}")
 
 
-class _Normalise:
+class Normalise:
     """uint8 images to float32 minus the mean over the std, on the [0, 1] scale."""
 
     def __init__(self, info: DatasetInfo, device: torch.device, *, channels_last: bool) -> None:
@@ -125,7 +125,7 @@ class _TensorBatches:
         self,
         split: TensorSplit,
         schedule: _Schedule,
-        normalise: _Normalise,
+        normalise: Normalise,
         augmentation: Augmentation | None,
     ) -> None:
         self._schedule = schedule
@@ -217,7 +217,7 @@ class _FileBatches:
         split: FileSplit,
         info: DatasetInfo,
         schedule: _Schedule,
-        normalise: _Normalise,
+        normalise: Normalise,
         augmentation: Augmentation | None,
         num_workers: int,
     ) -> None:

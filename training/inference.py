@@ -1,0 +1,129 @@
+"""Classifying images with a trained checkpoint, preprocessed exactly as training was.
+
+Untrusted image bytes are checked before they are decoded: an allowed format, a pixel
+limit read from the header (a decompression bomb is refused without decoding), and a
+complete file. A checked image is converted to the checkpoint's channels and size and
+normalised by the same code as the training pipeline, so a training image classifies
+exactly as the evaluation engine scores it.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from training.data import DatasetInfo
+from training.datasets.images import decode
+from training.evaluate import predict_logits
+from training.pipeline import Normalise
+from training.runs import load_trained_model
+
+ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "BMP"})
+DEFAULT_MAX_PIXELS = 40_000_000
+
+
+class ImageRejectedError(ValueError):
+    """An uploaded file that is not a usable image; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def open_checked(data: bytes, name: str, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Open, check and fully decode an uploaded image, or raise `ImageRejectedError`."""
+    if not data:
+        raise ImageRejectedError(400, f"{name}: the file is empty")
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns before its own bomb limit; our limit is checked just below.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        raise ImageRejectedError(413, f"{name}: over the limit of {max_pixels:,} pixels") from None
+    except (OSError, ValueError, SyntaxError) as error:
+        raise ImageRejectedError(
+            415, f"{name}: not an image in a supported format ({error})"
+        ) from None
+    if image.format not in ALLOWED_FORMATS:
+        allowed = ", ".join(sorted(ALLOWED_FORMATS))
+        raise ImageRejectedError(
+            415, f"{name}: format {image.format} is not allowed; use {allowed}"
+        )
+    width, height = image.size
+    if width * height > max_pixels:
+        raise ImageRejectedError(
+            413, f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,}"
+        )
+    try:
+        image.load()
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ImageRejectedError(
+            400, f"{name}: the image is truncated or corrupt ({error})"
+        ) from None
+    return image
+
+
+def fit_to(image: Image.Image, info: DatasetInfo) -> tuple[np.ndarray, str]:
+    """The image as the checkpoint's uint8 (C, H, W) input, and how it was resized.
+
+    Same aspect ratio: resized (or kept). Other aspect: the shorter side is resized to the
+    input and the centre cropped, so nothing is stretched.
+    """
+    height, width = info.image_size
+    if image.size == (width, height):
+        return decode(image, info.channels, info.image_size), "none"
+    if image.width * height == image.height * width:
+        return decode(image, info.channels, info.image_size), "resize"
+    scale = max(width / image.width, height / image.height)
+    resized = image.resize(
+        (max(width, round(image.width * scale)), max(height, round(image.height * scale))),
+        Image.Resampling.BILINEAR,
+    )
+    left, top = (resized.width - width) // 2, (resized.height - height) // 2
+    cropped = resized.crop((left, top, left + width, top + height))
+    return decode(cropped, info.channels, info.image_size), "resize+center-crop"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """One image's top-k answer."""
+
+    indices: list[int]
+    labels: list[str]
+    probabilities: list[float]
+
+
+class Predictor:
+    """A checkpoint's net in eval mode, with its preprocessing; thread-compatible for reads."""
+
+    def __init__(self, path: Path, *, sha256: str, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.model, self.info, self.spec = load_trained_model(
+            path, sha256=sha256, device=self.device
+        )
+        self.sha256 = sha256
+        self.normalise = Normalise(self.info, self.device, channels_last=False)
+        self.bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @torch.inference_mode()
+    def probabilities(self, images: Tensor) -> Tensor:
+        """Class probabilities for a uint8 batch (N, C, H, W)."""
+        x = self.normalise(images.to(self.device))
+        return predict_logits(self.model, x).softmax(1).cpu()
+
+    def classify(self, images: Tensor, top_k: int) -> list[Classification]:
+        """The top-k classes of each image of a uint8 batch."""
+        k = min(top_k, self.info.num_classes)
+        values, indices = self.probabilities(images).topk(k, dim=1)
+        return [
+            Classification(idx, [self.info.classes[i] for i in idx], vals)
+            for idx, vals in zip(indices.tolist(), values.tolist(), strict=True)
+        ]
