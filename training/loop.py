@@ -91,6 +91,8 @@ def fit(
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     amp_dtype = autocast_dtype(recipe, device)
+    # Fixed shapes every step: let cuDNN pick its fastest kernels once.
+    torch.backends.cudnn.benchmark = device.type == "cuda"
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     optimizer = make_optimizer(recipe, model)
 
