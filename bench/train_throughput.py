@@ -53,17 +53,15 @@ def bare_loop(
     cuda = device.type == "cuda"
     memory_format = torch.channels_last if cuda else torch.contiguous_format
     torch.manual_seed(0)
-    model = models.build(name, num_classes=data.info.num_classes).to(
-        device, memory_format=memory_format
-    )
+    model = models.build(name, num_classes=data.info.num_classes).to(device)
+    model = model.to(memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     assert isinstance(data.train, TensorSplit)
     mean = torch.tensor(data.info.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.info.std).view(1, -1, 1, 1)
     count = min(len(data.train), batch * 40)
-    x_all = ((data.train.images[:count].float() / 255 - mean) / std).to(
-        device, memory_format=memory_format
-    )
+    x_all = ((data.train.images[:count].float() / 255 - mean) / std).to(device)
+    x_all = x_all.contiguous(memory_format=memory_format)
     y_all = data.train.labels[:count].to(device)
     started = time.perf_counter()
     for step in range(warmup + steps):

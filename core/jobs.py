@@ -272,3 +272,15 @@ def expired(*, session: Session) -> list[uuid.UUID]:
     """Running jobs whose lease ran out: their worker died or hangs."""
     query = select(Job.id).where(Job.status == "running", Job.lease_expires_at < utcnow())
     return list(session.scalars(query))
+
+
+def delete(*, session: Session, job_id: uuid.UUID) -> Job:
+    """Remove a job that is not running; its metrics, checkpoints and events cascade."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        raise JobError(f"job {job_id} does not exist")
+    if job.status == "running":
+        raise JobError(f"job {job_id} is running; cancel it first and delete it once it ends")
+    session.delete(job)
+    session.flush()
+    return job

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,6 +35,28 @@ class Settings(BaseSettings):
     )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
     device: str | None = Field(None, description="Worker device (cuda:0, cpu); default: auto.")
+    migrate_on_start: bool = Field(
+        False, description="Migrate the database when the API starts (the embedded mode)."
+    )
+    max_request_bytes: int = Field(
+        1024**2, ge=1024, description="Body limit of every request but dataset uploads."
+    )
+    stream_poll_seconds: float = Field(
+        0.5, gt=0, le=10, description="How often an event stream polls the database."
+    )
+    probe_timeout_seconds: float = Field(
+        2.0, gt=0, le=30, description="Readiness: how long the database and broker may take."
+    )
+    client_url: str = Field(
+        "http://127.0.0.1:8000",
+        validation_alias=AliasChoices("client_url", "resnet_url"),
+        description="The service the command-line client talks to (RESNET_URL).",
+    )
+    client_key: str | None = Field(
+        None,
+        validation_alias=AliasChoices("client_key", "resnet_key"),
+        description="The command-line client's API key (RESNET_KEY).",
+    )
 
 
 @lru_cache
