@@ -229,3 +229,7 @@ def _facts(title: str, *rows: tuple[str, str]) -> Table:
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
+
+
+from cli import client as _client  # noqa: E402,F401
+from cli import server as _server  # noqa: E402,F401

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -284,3 +284,75 @@ def delete(*, session: Session, job_id: uuid.UUID) -> Job:
     session.delete(job)
     session.flush()
     return job
+
+
+def requeue_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
+    """Running jobs whose lease ran out, each taken by one reaper once per lease period."""
+    cutoff = utcnow() - timedelta(seconds=lease_seconds)
+    abandoned = and_(
+        Job.status == "running",
+        Job.lease_expires_at < utcnow(),
+        Job.cancel_requested.is_(False),
+        Job.updated_at < cutoff,
+    )
+    # Touching updated_at is the reaper's claim: concurrent reapers re-check the condition.
+    return list(
+        session.scalars(update(Job).where(abandoned).values(updated_at=utcnow()).returning(Job.id))
+    )
+
+
+def requeue_stale_queued(*, session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
+    """The oldest `limit` queued jobs untouched for `older_than_s` (their message may be lost)."""
+    if limit <= 0:
+        return []
+    stale = and_(
+        Job.status == "queued", Job.updated_at < utcnow() - timedelta(seconds=older_than_s)
+    )
+    oldest = select(Job.id).where(stale).order_by(Job.created_at).limit(limit)
+    return list(
+        session.scalars(
+            update(Job)
+            .where(Job.id.in_(oldest.scalar_subquery()), stale)
+            .values(updated_at=utcnow())
+            .returning(Job.id)
+        )
+    )
+
+
+def count_queued(*, session: Session) -> int:
+    """How many jobs wait in the queued state."""
+    return session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued")) or 0
+
+
+def cancel_abandoned(*, session: Session) -> list[uuid.UUID]:
+    """End as cancelled the running jobs asked to cancel whose worker died before it could."""
+    ids = list(
+        session.scalars(
+            update(Job)
+            .where(
+                Job.status == "running",
+                Job.cancel_requested.is_(True),
+                Job.lease_expires_at < utcnow(),
+            )
+            .values(status="cancelled", finished_at=utcnow(), lease_expires_at=None)
+            .returning(Job.id)
+        )
+    )
+    for job_id in ids:
+        add_event(
+            session=session,
+            job_id=job_id,
+            level="info",
+            message="cancelled (its worker had stopped)",
+        )
+    return ids
+
+
+def find_checkpoint(*, session: Session, job_id: uuid.UUID, which: str | int) -> Checkpoint | None:
+    """A job's checkpoint row: "best", "last" (highest step) or the one at a step number."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    if which == "best":
+        query = query.where(Checkpoint.is_best.is_(True))
+    elif which != "last":
+        query = query.where(Checkpoint.step == int(which))
+    return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).first()

@@ -34,7 +34,7 @@ def celery_app(broker_url: str, max_job_seconds: int, lease_seconds: int) -> Cel
         # A fresh child process per job frees all GPU memory when the job ends.
         worker_max_tasks_per_child=1,
         # Redis re-delivers unacknowledged messages after this; it must exceed any job.
-        broker_transport_options={"visibility_timeout": max_job_seconds + 3600},
+        broker_transport_options=_transport_options(broker_url, max_job_seconds),
         # JSON only: a message can never carry code.
         task_serializer="json",
         accept_content=["json"],
@@ -45,11 +45,20 @@ def celery_app(broker_url: str, max_job_seconds: int, lease_seconds: int) -> Cel
         # Hard ceiling for any job; each task also gets limits derived from its budget.
         task_time_limit=max_job_seconds + 600,
         task_soft_time_limit=max_job_seconds,
-        # The reaper re-enqueues jobs whose lease expired (their worker died).
+        # The reaper re-enqueues jobs whose lease expired (their worker died). Every worker
+        # runs it in a thread (worker/reaper.py); this schedule serves an optional beat.
         beat_schedule={"reap-expired": {"task": REAP, "schedule": float(lease_seconds)}},
         broker_connection_retry_on_startup=True,
     )
     return app
+
+
+def _transport_options(broker_url: str, max_job_seconds: int) -> dict[str, int]:
+    # kombu's SQLAlchemy transport hands its options to create_engine, which rejects
+    # visibility_timeout; it has no such timer (a dead worker's job comes back by the reaper).
+    if broker_url.startswith("sqla+"):
+        return {}
+    return {"visibility_timeout": max_job_seconds + 3600}
 
 
 def app_for(settings: Settings) -> Celery:

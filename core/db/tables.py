@@ -20,6 +20,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     Uuid,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -164,3 +165,45 @@ class ApiKey(Base):
     scopes: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+
+
+class RegisteredModel(Base):
+    """A named model in the registry; its versions point at job checkpoints."""
+
+    __tablename__ = "registered_model"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelVersion(Base):
+    """Version N of a registered model: one verified checkpoint of a succeeded job."""
+
+    __tablename__ = "model_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("registered_model.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    # RESTRICT: a job cannot be deleted while a registered version serves its checkpoint.
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("job.id", ondelete="RESTRICT"))
+    checkpoint: Mapped[str] = mapped_column(String(16))  # best | last
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+
+class ModelAlias(Base):
+    """A movable name for one version (production, staging, ...)."""
+
+    __tablename__ = "model_alias"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("registered_model.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_version.id", ondelete="RESTRICT"))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -1,0 +1,68 @@
+"""The FastAPI application: routers under /api/v1, one error shape, metrics, body limits.
+
+Run it with `uvicorn --factory api.app:create_app`; it refuses to start on a database
+that is not migrated to head, unless MIGRATE_ON_START is set (the embedded mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from api import errors
+from api.limits import BodyLimit
+from api.routers import datasets, health, jobs, keys, models
+from api.telemetry import RequestMetrics, Telemetry
+from core.db import schema
+from core.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API for `settings` (default: the environment's)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="resnet-service",
+        summary="Train, evaluate and compare the ResNets of He et al. (2015, 2016).",
+        version="0.1.0",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.telemetry = Telemetry(settings)
+    errors.install(app)
+    uploads = {datasets.router.prefix: settings.max_upload_bytes}
+    app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
+    app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
+    for router in (jobs.router, models.router, datasets.router, keys.router, health.router):
+        app.include_router(router)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Check (or migrate) the schema before serving; describe the zoo in the background."""
+    await run_in_threadpool(_prepare_schema, app.state.settings)
+    stop = threading.Event()
+    warm_up = threading.Thread(target=models.warm_up, args=(stop,), name="zoo-warm-up")
+    warm_up.start()
+    yield
+    stop.set()  # it ends after the net it is counting (at most a few seconds)
+    await run_in_threadpool(warm_up.join)
+
+
+def _prepare_schema(settings: Settings) -> None:
+    """Migrate to head in the embedded mode; otherwise refuse an outdated schema."""
+    if settings.migrate_on_start:
+        schema.upgrade(settings.database_url)
+        return
+    try:
+        schema.check_current(settings.database_url)
+    except schema.SchemaOutdated as error:
+        log.error("the API will not start: %s", error)
+        raise

@@ -1,0 +1,92 @@
+"""The routes' dependencies, as Annotated aliases: settings, a session, the caller's key."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api import keys
+from api.errors import ForbiddenError, UnauthorizedError
+from api.keys import Principal
+from core.db.session import get_engine, session_scope
+from core.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: rs_<prefix>_<secret>.")
+
+
+# Dependencies without I/O are `async def`: a plain `def` would cost a thread-pool hop.
+
+
+async def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+async def _session(settings: SettingsDep) -> AsyncIterator[Session]:
+    """One session per request, committed when the route returns, else rolled back."""
+    session = Session(get_engine(settings.database_url), expire_on_commit=False)
+    try:
+        yield session
+    except BaseException:
+        await run_in_threadpool(session.close)  # rolls back, off the event loop
+        raise
+    await run_in_threadpool(_commit_and_close, session)
+
+
+def _commit_and_close(session: Session) -> None:
+    try:
+        session.commit()
+    finally:
+        session.close()
+
+
+# "function" scope: the commit happens before the response is sent, so a client that
+# reads right after a write sees it.
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+async def _principal(settings: SettingsDep, credentials: Credentials) -> Principal | None:
+    """The caller's key; None when auth is off (anonymous)."""
+    if not settings.auth_enabled:
+        return None
+    if credentials is None:
+        raise UnauthorizedError("an API key is required: send `Authorization: Bearer rs_...`")
+    key = credentials.credentials
+    principal = await run_in_threadpool(_authenticate, settings.database_url, key)
+    if principal is None:
+        raise UnauthorizedError("the API key is malformed, unknown or revoked")
+    return principal
+
+
+def _authenticate(url: str, key: str) -> Principal | None:
+    # A session of its own: a long event stream must not hold the request's connection.
+    with session_scope(url) as session:
+        return keys.authenticate(session=session, key=key)
+
+
+CurrentKey = Annotated[Principal | None, Depends(_principal)]
+
+
+def _requires(scope: str) -> Callable[[Principal | None], Awaitable[Principal | None]]:
+    """A dependency that lets through keys holding `scope` (and everyone when auth is off)."""
+
+    async def check(principal: CurrentKey) -> Principal | None:
+        if principal is not None and not principal.allows(scope):
+            raise ForbiddenError(f"this API key lacks the '{scope}' scope")
+        return principal
+
+    return check
+
+
+ReadKey = Annotated[Principal | None, Depends(_requires("read"))]
+TrainKey = Annotated[Principal | None, Depends(_requires("train"))]
+AdminKey = Annotated[Principal | None, Depends(_requires("admin"))]

@@ -1,0 +1,150 @@
+"""One error shape for every failure: `{"error": {"code", "message", "details"}}`.
+
+Each `ApiError` subclass is one HTTP status; routes raise them with a message a user can
+act on. Framework errors (validation, unknown routes, body limits) are rendered the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from api.schemas import ErrorDetail, ErrorOut
+
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """An error answered with `status` and the shared error shape."""
+
+    status: ClassVar[int] = 400
+    headers: ClassVar[dict[str, str]] = {}
+
+    def __init__(
+        self, message: str, *, code: str | None = None, details: list[ErrorDetail] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or _CODES[self.status]
+        self.details = details or []
+
+
+class UnauthorizedError(ApiError):
+    status = 401
+    headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": "Bearer"}
+
+
+class ForbiddenError(ApiError):
+    status = 403
+
+
+class NotFoundError(ApiError):
+    status = 404
+
+
+class ConflictError(ApiError):
+    status = 409
+
+
+class UnprocessableError(ApiError):
+    status = 422
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route can answer."""
+    return {status: {"model": ErrorOut, "description": _CODES[status]} for status in statuses}
+
+
+def _render(
+    status: int,
+    code: str,
+    message: str,
+    details: list[ErrorDetail],
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = ErrorOut.model_validate(
+        {"error": {"code": code, "message": message, "details": details}}
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+async def _api_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ApiError)
+    return _render(error.status, error.code, error.message, error.details, error.headers or None)
+
+
+async def _http_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, HTTPException)
+    code = _CODES.get(error.status_code, "error")
+    headers = dict(error.headers) if error.headers else None
+    return _render(error.status_code, code, str(error.detail), [], headers)
+
+
+async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    details = [_detail(problem, error.body) for problem in error.errors()]
+    first = details[0]
+    where = ".".join(str(part) for part in first.loc[1:]) or first.loc[0]
+    extra = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    return _render(422, "invalid", f"{where}: {first.msg}{extra}", details)
+
+
+def _detail(problem: Any, body: Any) -> ErrorDetail:
+    """A pydantic problem with the union tags dropped from its location."""
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    loc = tuple(problem["loc"])
+    return ErrorDetail(
+        loc=_field_path(loc, body, missing=problem["type"] == "missing"), msg=message
+    )
+
+
+def _field_path(loc: tuple[str | int, ...], body: Any, *, missing: bool) -> list[str | int]:
+    """`loc` walked through the request body, without the discriminated unions' tags."""
+    # A part that is no key of the body there but repeats its `kind` or `name` is the tag
+    # pydantic adds for a discriminated union ("train", "digits").
+    if not loc or loc[0] != "body":
+        return list(loc)
+    path: list[str | int] = ["body"]
+    node = body
+    for index, part in enumerate(loc[1:], start=1):
+        last_missing = missing and index == len(loc) - 1
+        if _is_tag(node, part) and not last_missing:
+            continue
+        path.append(part)
+        node = _child(node, part)
+    return path
+
+
+def _is_tag(node: Any, part: str | int) -> bool:
+    return (
+        isinstance(node, dict) and part not in node and part in (node.get("kind"), node.get("name"))
+    )
+
+
+def _child(node: Any, part: str | int) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
+
+
+def install(app: FastAPI) -> None:
+    """Render every error of `app` in the shared shape."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,0 +1,272 @@
+"""Read-side queries: the job list (keyset pages), downsampled curves, a job's live tail.
+
+Portable between Postgres and SQLite; only the tag filter differs by dialect.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    String,
+    and_,
+    cast,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import InstrumentedAttribute, Session, defer
+
+from api.schemas import JobState, LogLine
+from core.db.tables import Event, Job, Metric
+
+# sort name -> (column, descending); ties are broken by id in the same direction.
+SORTS: dict[str, tuple[InstrumentedAttribute[Any], bool]] = {
+    "created": (Job.created_at, False),
+    "-created": (Job.created_at, True),
+    "finished": (Job.finished_at, False),
+    "-finished": (Job.finished_at, True),
+    "best_test_error": (Job.best_test_error, False),
+    "-best_test_error": (Job.best_test_error, True),
+}
+_NULLABLE = {"finished", "best_test_error"}
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """What the job list is narrowed to; None (or empty) means any."""
+
+    statuses: Sequence[str] = ()
+    kind: str | None = None
+    model: str | None = None
+    family: str | None = None
+    dataset: str | None = None
+    tag: str | None = None
+    q: str | None = None
+
+
+def list_jobs(
+    *, session: Session, filters: JobFilter, sort: str, limit: int, cursor: str | None
+) -> tuple[list[Job], str | None]:
+    """One page of jobs after `cursor`, and the cursor of the next page (None at the end)."""
+    column, descending = SORTS[sort]
+    nullable = sort.lstrip("-") in _NULLABLE
+    dialect = session.get_bind().dialect.name
+    # The runs table shows neither the spec nor the whole summary: leave them in the table.
+    query = select(Job).options(defer(Job.spec), defer(Job.summary))
+    query = query.where(*_conditions(filters, dialect))
+    if cursor is not None:
+        value, after_id = decode_cursor(cursor, sort)
+        query = query.where(_after(column, descending, value, after_id, nullable=nullable))
+    order = column.desc() if descending else column.asc()
+    if nullable:
+        order = order.nulls_last()
+    query = query.order_by(order, Job.id.desc() if descending else Job.id.asc())
+    rows = list(session.scalars(query.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, encode_cursor(sort, rows[-1]) if more else None
+
+
+def _conditions(filters: JobFilter, dialect: str) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of `filters`."""
+    conditions: list[ColumnElement[bool]] = []
+    if filters.statuses:
+        conditions.append(Job.status.in_(filters.statuses))
+    equal = {
+        Job.kind: filters.kind,
+        Job.model_name: filters.model,
+        Job.model_family: filters.family,
+        Job.dataset_name: filters.dataset,
+    }
+    conditions += [column == value for column, value in equal.items() if value is not None]
+    if filters.tag is not None:
+        conditions.append(_has_tag(filters.tag, dialect))
+    if filters.q:
+        conditions.append(Job.name.ilike(f"%{_escape_like(filters.q)}%", escape="\\"))
+    return conditions
+
+
+def _has_tag(tag: str, dialect: str) -> ColumnElement[bool]:
+    """Whether the job's JSON list of tags holds `tag`."""
+    if dialect == "postgresql":
+        return cast(Job.tags, JSONB).contains([tag])
+    each = func.json_each(Job.tags).table_valued("value")
+    return exists(select(1).select_from(each).where(each.c.value == tag))
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _after(
+    column: InstrumentedAttribute[Any],
+    descending: bool,
+    value: Any,
+    after_id: uuid.UUID,
+    *,
+    nullable: bool,
+) -> ColumnElement[bool]:
+    """Rows after (value, id) in the order of `column` (nulls last), then id."""
+    if value is None:  # already among the trailing nulls
+        return and_(column.is_(None), Job.id < after_id if descending else Job.id > after_id)
+    key, cursor_key = tuple_(column, Job.id), (value, after_id)
+    beyond = key < cursor_key if descending else key > cursor_key
+    return or_(beyond, column.is_(None)) if nullable else beyond
+
+
+def encode_cursor(sort: str, job: Job) -> str:
+    """An opaque cursor: the sort key and id of the last row of a page."""
+    value = getattr(job, SORTS[sort][0].key)
+    if isinstance(value, datetime):
+        value = value.isoformat()
+    raw = json.dumps([sort, value, str(job.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: str) -> tuple[Any, uuid.UUID]:
+    """The (sort key, id) of a cursor; ValueError when it is not one of `sort`'s."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        cursor_sort, value, job_id = json.loads(raw)
+        after_id = uuid.UUID(job_id)
+    except (binascii.Error, ValueError, TypeError) as error:
+        raise ValueError("cursor is not one this API gave out") from error
+    if cursor_sort != sort:
+        raise ValueError(f"cursor belongs to sort={cursor_sort}, not sort={sort}")
+    if value is not None and sort.lstrip("-") in ("created", "finished"):
+        value = datetime.fromisoformat(value)
+    return value, after_id
+
+
+def metric_series(
+    *, session: Session, job_id: uuid.UUID, names: Sequence[str], max_points: int
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Each metric as (steps, values): bucket means, at most `max_points` per metric."""
+    wanted = list(names) or metric_names(session=session, job_id=job_id)
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for start in range(0, len(wanted), _BRANCHES):
+        branches = [
+            _buckets(job_id, name, max_points) for name in wanted[start : start + _BRANCHES]
+        ]
+        parts = union_all(*branches).subquery()
+        query = select(parts.c.name, parts.c.step, parts.c.value).order_by("name", "step")
+        for name, step, value in session.execute(query):
+            steps, values = series.setdefault(name, ([], []))
+            steps.append(step)
+            values.append(value)
+    return series
+
+
+# One statement reads this many series (SQLite allows 500 parts in a compound SELECT).
+_BRANCHES = 100
+
+
+def _buckets(job_id: uuid.UUID, name: str, max_points: int) -> Select[tuple[str, int, float]]:
+    """One series' bucket means: its own [lo, hi] steps in at most max_points equal widths."""
+    # Per series, so that each reads its own index range (job_id, name, step) and the
+    # bounds are two index probes; a bucket's point is its mean value at its last step.
+    where = (Metric.job_id == job_id, Metric.name == name)
+    lo = select(func.min(Metric.step)).where(*where).scalar_subquery()
+    hi = select(func.max(Metric.step)).where(*where).scalar_subquery()
+    width = (hi - lo + max_points) // max_points  # ceil(span / max_points)
+    return (
+        select(
+            literal(name, String).label("name"),
+            func.max(Metric.step).label("step"),
+            func.avg(Metric.value).label("value"),
+        )
+        .where(*where)
+        .group_by((Metric.step - lo) // width)
+    )
+
+
+def metric_names(*, session: Session, job_id: uuid.UUID) -> list[str]:
+    """The names of a job's series, sorted, one index probe each (a loose index scan)."""
+    first = select(func.min(Metric.name).label("name")).where(Metric.job_id == job_id)
+    names = first.cte("names", recursive=True)
+    following = select(func.min(Metric.name)).where(
+        Metric.job_id == job_id, Metric.name > names.c.name
+    )
+    names = names.union_all(select(following.scalar_subquery()).where(names.c.name.is_not(None)))
+    return list(session.scalars(select(names.c.name).where(names.c.name.is_not(None))))
+
+
+@dataclass(frozen=True)
+class TailCursor:
+    """How far a live tail got: the last log line's id, the last step and its names sent."""
+
+    # The names sent at `step` are kept because a step's points (train and test metrics)
+    # can arrive in more than one write.
+
+    event_id: int
+    step: int
+    sent: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What is new since a cursor; `more` when a limit cut it short."""
+
+    state: JobState | None
+    lines: list[LogLine]
+    points: list[tuple[str, int, float]]
+    cursor: TailCursor
+    more: bool
+
+
+def latest_step(*, session: Session, job_id: uuid.UUID) -> int:
+    """The last step with a metric point, or -1."""
+    step = session.scalar(select(func.max(Metric.step)).where(Metric.job_id == job_id))
+    return -1 if step is None else int(step)
+
+
+def tail(*, session: Session, job_id: uuid.UUID, cursor: TailCursor, limit: int = 5000) -> Tail:
+    """The job's state, then its log lines and metric points after `cursor`."""
+    # The state is read first: when it is final, all the job wrote is in what follows.
+    job = session.get(Job, job_id, populate_existing=True)
+    state = None if job is None else JobState.of(job)
+    events = session.scalars(
+        select(Event)
+        .where(Event.job_id == job_id, Event.id > cursor.event_id)
+        .order_by(Event.id)
+        .limit(limit)
+    ).all()
+    rows = session.execute(
+        select(Metric.name, Metric.step, Metric.value)
+        .where(Metric.job_id == job_id, Metric.step >= cursor.step)
+        .order_by(Metric.step, Metric.name)
+        .limit(limit)
+    ).all()
+    points = [(n, s, v) for n, s, v in rows if not (s == cursor.step and n in cursor.sent)]
+    return Tail(
+        state=state,
+        lines=[LogLine.of(event) for event in events],
+        points=points,
+        cursor=_advance(cursor, events[-1].id if events else cursor.event_id, points),
+        more=len(events) == limit or len(rows) == limit,
+    )
+
+
+def _advance(cursor: TailCursor, event_id: int, points: list[tuple[str, int, float]]) -> TailCursor:
+    if not points:
+        return TailCursor(event_id, cursor.step, cursor.sent)
+    step = points[-1][1]
+    sent = {name for name, point_step, _ in points if point_step == step}
+    if step == cursor.step:
+        sent |= cursor.sent
+    return TailCursor(event_id, step, frozenset(sent))

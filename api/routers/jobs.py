@@ -1,0 +1,275 @@
+"""Jobs: submit, list, read, cancel, delete; a job's curves, checkpoints and live events."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from datetime import datetime
+from functools import lru_cache
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi.sse import EventSourceResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api import queries
+from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.errors import ConflictError, NotFoundError, UnprocessableError, responses
+from api.schemas import (
+    API_PREFIX,
+    CheckpointOut,
+    ErrorDetail,
+    JobItem,
+    JobOut,
+    JobPage,
+    JobQuery,
+    MetricsOut,
+    Series,
+)
+from api.stream import job_events
+from core import jobs
+from core.db.session import session_scope
+from core.db.tables import Checkpoint, Job
+from core.queue import enqueue
+from core.settings import Settings
+from core.specs import JobSpec
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix=f"{API_PREFIX}/jobs", tags=["jobs"])
+
+
+def _job(session: Session, job_id: uuid.UUID) -> Job:
+    """The job row, or 404."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return job
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Submit a train or evaluate job",
+    responses={
+        200: {
+            "model": JobOut,
+            "description": "An earlier submission with the same Idempotency-Key",
+        },
+        **responses(401, 403, 409, 413, 422),
+    },
+)
+def submit(
+    spec: Annotated[JobSpec, Body()],
+    session: SessionDep,
+    settings: SettingsDep,
+    key: TrainKey,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobOut:
+    """Validate, commit the queued job, then put its id on the train queue (202)."""
+    if idempotency_key is not None:
+        earlier = _by_idempotency_key(session, idempotency_key)
+        if earlier is not None:
+            return _replay(earlier, spec, response)
+    try:
+        job = jobs.create(
+            session=session,
+            spec=spec,
+            max_attempts=settings.max_attempts,
+            owner_key_id=key.key_id if key else None,
+            idempotency_key=idempotency_key,
+        )
+        session.commit()
+    except jobs.JobError as error:
+        detail = ErrorDetail(loc=["body", "source_job"], msg=str(error))
+        raise UnprocessableError(str(error), details=[detail]) from error
+    except IntegrityError:  # the same key, submitted concurrently, won the race
+        session.rollback()
+        assert idempotency_key is not None
+        earlier = _by_idempotency_key(session, idempotency_key)
+        assert earlier is not None
+        return _replay(earlier, spec, response)
+    _enqueue(job.id, settings)
+    return JobOut.of(job)
+
+
+def _by_idempotency_key(session: Session, key: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.idempotency_key == key)).one_or_none()
+
+
+def _replay(earlier: Job, spec: JobSpec, response: Response) -> JobOut:
+    """The earlier job of an Idempotency-Key (200), if the spec is the same."""
+    if earlier.spec != spec.model_dump(mode="json"):
+        raise ConflictError(
+            f"Idempotency-Key {earlier.idempotency_key!r} was used for job {earlier.id} "
+            "with a different spec; use a new key"
+        )
+    response.status_code = status.HTTP_200_OK
+    return JobOut.of(earlier)
+
+
+def _enqueue(job_id: uuid.UUID, settings: Settings) -> None:
+    """Enqueue after the commit; a failure leaves the job queued for the re-enqueue."""
+    # Still 202 when the broker is down: the job is committed as queued, and the workers'
+    # periodic re-enqueue of queued jobs older than a few seconds picks it up.
+    try:
+        enqueue(job_id, settings=settings)
+    except Exception:  # any broker failure: the committed job is not lost
+        log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
+
+
+@router.get("", summary="List jobs: filter, sort, page", responses=responses(401, 403, 422))
+def list_jobs(params: Annotated[JobQuery, Query()], session: SessionDep, _: ReadKey) -> JobPage:
+    """A page of jobs; follow `next_cursor` for the next one."""
+    filters = queries.JobFilter(
+        statuses=params.status,
+        kind=params.kind,
+        model=params.model,
+        family=params.family,
+        dataset=params.dataset,
+        tag=params.tag,
+        q=params.q,
+    )
+    try:
+        rows, next_cursor = queries.list_jobs(
+            session=session,
+            filters=filters,
+            sort=params.sort,
+            limit=params.limit,
+            cursor=params.cursor,
+        )
+    except ValueError as error:
+        detail = ErrorDetail(loc=["query", "cursor"], msg=str(error))
+        raise UnprocessableError(str(error), details=[detail]) from error
+    return JobPage(items=[JobItem.of(row) for row in rows], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", summary="Read a job", responses=responses(401, 403, 404, 422))
+def read_job(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> JobOut:
+    """Status, attempts, timestamps, worker, device, error, progress, summary and spec."""
+    return JobOut.of(_job(session, job_id))
+
+
+@router.post(
+    "/{job_id}/cancel", summary="Cancel a job", responses=responses(401, 403, 404, 409, 422)
+)
+def cancel_job(job_id: uuid.UUID, session: SessionDep, _: TrainKey) -> JobOut:
+    """A queued job is cancelled now; a running one when its worker next checks (seconds)."""
+    _job(session, job_id)
+    try:
+        job = jobs.request_cancel(session=session, job_id=job_id)
+    except jobs.JobError as error:
+        raise ConflictError(str(error)) from error
+    return JobOut.of(job)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a job, its rows and its artifacts",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def delete_job(job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey) -> None:
+    """Remove a job that is not running (cancel it first), its metrics, events and files."""
+    _job(session, job_id)
+    try:
+        jobs.delete(session=session, job_id=job_id)
+    except jobs.JobError as error:
+        raise ConflictError(str(error)) from error
+    except IntegrityError as error:  # a row that must keep the job refers to it
+        raise ConflictError(
+            f"job {job_id} is still referenced, e.g. by a registered model version of one of "
+            "its checkpoints; remove that first"
+        ) from error
+    session.commit()  # the rows go first: a failed commit leaves the files in place
+    shutil.rmtree(settings.artifact_dir / "jobs" / str(job_id), ignore_errors=True)
+
+
+@router.get(
+    "/{job_id}/metrics",
+    summary="A job's metric curves, downsampled",
+    response_model=MetricsOut,
+    responses=responses(401, 403, 404, 422),
+)
+def read_metrics(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    settings: SettingsDep,
+    _: ReadKey,
+    names: Annotated[
+        str | None, Query(max_length=2000, description="Comma-separated; default: all.")
+    ] = None,
+    max_points: Annotated[int, Query(ge=2, le=20_000, description="Per series.")] = 1000,
+) -> Response:
+    """Each series averaged over equal step buckets (point = bucket mean at its last step)."""
+    job = _job(session, job_id)
+    wanted = tuple(sorted({name for name in (names or "").split(",") if name}))
+    body = _curves(settings.database_url, job_id, job.updated_at, wanted, max_points)
+    return Response(body, media_type="application/json")
+
+
+# Every metric write goes through core.jobs' fence, which bumps the job's updated_at in
+# the same transaction: (id, updated_at) names one version of a job's curves, so a
+# finished job's curves are computed once, and a running job's once per write.
+@lru_cache(maxsize=64)
+def _curves(
+    url: str, job_id: uuid.UUID, version: datetime, names: tuple[str, ...], max_points: int
+) -> bytes:
+    """The JSON of a job's downsampled curves at `version` (its updated_at)."""
+    with session_scope(url) as session:
+        found = queries.metric_series(
+            session=session, job_id=job_id, names=names, max_points=max_points
+        )
+    series = {name: Series(steps=steps, values=values) for name, (steps, values) in found.items()}
+    return MetricsOut(series=series).model_dump_json().encode()
+
+
+@router.get(
+    "/{job_id}/checkpoints",
+    summary="A job's checkpoints",
+    responses=responses(401, 403, 404, 422),
+)
+def list_checkpoints(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> list[CheckpointOut]:
+    """The checkpoint files the job keeps, by step, with their sha256."""
+    _job(session, job_id)
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
+    return [CheckpointOut.of(row) for row in session.scalars(query)]
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="Follow a job live (Server-Sent Events)",
+    response_class=Response,  # a stream of its own, not a generator FastAPI should encode
+    responses={
+        200: {
+            "description": "Events `log` (with ids), `metrics`, `progress`, `status`, `end`.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **responses(401, 403, 404, 422),
+    },
+)
+def follow_job(
+    job_id: uuid.UUID,
+    session: SessionDep,
+    settings: SettingsDep,
+    _: ReadKey,
+    last_event_id: Annotated[
+        int, Header(ge=0, description="Resume after this log line (set by browsers).")
+    ] = 0,
+    since_step: Annotated[
+        int | None, Query(ge=0, description="Metric points from this step; default: new only.")
+    ] = None,
+) -> EventSourceResponse:
+    """Log lines, new metric points, progress and status until the job ends, then `end`."""
+    _job(session, job_id)
+    stream = job_events(
+        settings.database_url,
+        job_id,
+        poll_seconds=settings.stream_poll_seconds,
+        last_event_id=last_event_id,
+        since_step=since_step,
+    )
+    return EventSourceResponse(stream, headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,41 @@
+"""API keys: create (the plaintext is shown once), list, revoke; admin scope only."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, status
+
+from api import keys
+from api.deps import AdminKey, SessionDep
+from api.errors import NotFoundError, responses
+from api.schemas import API_PREFIX, KeyCreated, KeyIn, KeyOut
+
+router = APIRouter(prefix=f"{API_PREFIX}/keys", tags=["keys"])
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    summary="Create an API key",
+    responses=responses(401, 403, 422),
+)
+def create_key(body: KeyIn, session: SessionDep, _: AdminKey) -> KeyCreated:
+    """A new key with its scopes; the `key` field is the only time the secret is shown."""
+    row, plaintext = keys.create_key(session=session, name=body.name, scopes=body.scopes)
+    return KeyCreated.model_validate({**KeyOut.of(row).model_dump(), "key": plaintext})
+
+
+@router.get("", summary="List API keys", responses=responses(401, 403))
+def list_keys(session: SessionDep, _: AdminKey) -> list[KeyOut]:
+    """Every key, newest first, without secrets."""
+    return [KeyOut.of(row) for row in keys.list_keys(session=session)]
+
+
+@router.delete("/{key_id}", summary="Revoke an API key", responses=responses(401, 403, 404, 422))
+def revoke_key(key_id: uuid.UUID, session: SessionDep, _: AdminKey) -> KeyOut:
+    """The key stops working at once; its row stays for the record."""
+    row = keys.revoke_key(session=session, key_id=key_id)
+    if row is None:
+        raise NotFoundError(f"API key {key_id} does not exist")
+    return KeyOut.of(row)

@@ -1,0 +1,317 @@
+"""What the API answers: pydantic models built from ORM rows, never the rows themselves."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.db.tables import ApiKey, Checkpoint, Event, Job
+
+Scope = Literal["read", "train", "predict", "admin"]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JobSort = Literal[
+    "created", "-created", "finished", "-finished", "best_test_error", "-best_test_error"
+]
+API_PREFIX = "/api/v1"
+
+
+class ErrorDetail(BaseModel):
+    """One problem: where (`loc`, e.g. ["body", "recipe", "lr"]) and what is wrong."""
+
+    loc: list[str | int]
+    msg: str
+
+
+class ErrorBody(BaseModel):
+    """A machine-readable code, a message for people, and per-field details."""
+
+    code: str = Field(examples=["invalid"])
+    message: str = Field(examples=["recipe.lr: Input should be greater than 0"])
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+class ErrorOut(BaseModel):
+    """The shape of every error the API answers."""
+
+    error: ErrorBody
+
+
+class JobLinks(BaseModel):
+    """Where to read more about a job, or act on it."""
+
+    self: str
+    metrics: str
+    events: str
+    checkpoints: str
+    cancel: str
+
+    @classmethod
+    def of(cls, job_id: uuid.UUID) -> JobLinks:
+        """The links of job `job_id`."""
+        base = f"{API_PREFIX}/jobs/{job_id}"
+        return cls(
+            self=base,
+            metrics=f"{base}/metrics",
+            events=f"{base}/events",
+            checkpoints=f"{base}/checkpoints",
+            cancel=f"{base}/cancel",
+        )
+
+
+class JobProgress(BaseModel):
+    """Steps done out of the run's budget (unknown until a worker starts it)."""
+
+    step: int
+    total_steps: int | None
+
+
+class JobResults(BaseModel):
+    """The summary columns, set when a job ends (errors are fractions, 0..1)."""
+
+    final_test_error: float | None
+    best_test_error: float | None
+    params: int | None
+    macs: int | None
+    wall_time_s: float | None
+    images_per_s: float | None
+
+
+class JobItem(BaseModel):
+    """A job as the runs table shows it."""
+
+    id: uuid.UUID
+    kind: Literal["train", "evaluate"]
+    status: JobStatus
+    name: str | None
+    tags: list[str]
+    model: str | None
+    family: str | None
+    depth: int | None
+    dataset: str | None
+    source_job: uuid.UUID | None
+    attempt: int
+    max_attempts: int
+    worker: str | None
+    device: str | None
+    error: str | None
+    cancel_requested: bool
+    progress: JobProgress
+    results: JobResults
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: JobLinks
+
+    @classmethod
+    def of(cls, job: Job) -> JobItem:
+        """The runs-table view of a job row."""
+        return cls.model_validate(_job_fields(job))
+
+
+class JobOut(JobItem):
+    """A job with its spec and its whole summary (an evaluation's confusion matrix too)."""
+
+    spec: dict[str, Any]
+    summary: dict[str, Any] | None
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        """The full view of a job row."""
+        fields = _job_fields(job)
+        fields.update(spec=job.spec, summary=job.summary, updated_at=job.updated_at)
+        return cls.model_validate(fields)
+
+
+def _job_fields(job: Job) -> dict[str, Any]:
+    columns = (
+        *("id", "kind", "status", "name", "tags", "depth", "attempt", "max_attempts"),
+        *("worker", "device", "error", "cancel_requested"),
+        *("created_at", "started_at", "finished_at"),
+    )
+    fields: dict[str, Any] = {column: getattr(job, column) for column in columns}
+    results = {key: getattr(job, key) for key in JobResults.model_fields}
+    return fields | {
+        "model": job.model_name,
+        "family": job.model_family,
+        "dataset": job.dataset_name,
+        "source_job": job.source_job_id,
+        "progress": {"step": job.step, "total_steps": job.total_steps},
+        "results": results,
+        "links": JobLinks.of(job.id),
+    }
+
+
+class JobState(BaseModel):
+    """Where a job is in its life: an event stream's `status` and `progress` events."""
+
+    status: JobStatus
+    attempt: int
+    cancel_requested: bool
+    error: str | None
+    step: int
+    total_steps: int | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobState:
+        """The state of a job row."""
+        fields = ("status", "attempt", "cancel_requested", "error", "step", "total_steps")
+        return cls.model_validate({name: getattr(job, name) for name in fields})
+
+
+class LogLine(BaseModel):
+    """A line of a job's log: an event stream's `log` event (its SSE id is `id`)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    created_at: datetime
+    level: str
+    message: str
+
+    @classmethod
+    def of(cls, row: Event) -> LogLine:
+        """The view of an event row."""
+        return cls.model_validate(row)
+
+
+class JobQuery(BaseModel):
+    """The job list's filters, order and page."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: list[JobStatus] = Field(default_factory=list, description="Any of these statuses.")
+    kind: Literal["train", "evaluate"] | None = None
+    model: str | None = Field(None, max_length=100, description="Zoo name, e.g. resnet56.")
+    family: str | None = Field(None, max_length=32, description="resnet, plain, preact_resnet.")
+    dataset: str | None = Field(None, max_length=100)
+    tag: str | None = Field(None, max_length=200)
+    q: str | None = Field(None, max_length=200, description="Text in the job's name.")
+    sort: JobSort = "-created"
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
+
+
+class JobPage(BaseModel):
+    """One page of jobs; pass `next_cursor` as `cursor` for the next (null: no more)."""
+
+    items: list[JobItem]
+    next_cursor: str | None
+
+
+class Series(BaseModel):
+    """One metric's points, in step order."""
+
+    steps: list[int]
+    values: list[float]
+
+
+class MetricsOut(BaseModel):
+    """A job's metric series by name, at most `max_points` points each."""
+
+    series: dict[str, Series]
+
+
+class CheckpointOut(BaseModel):
+    """A checkpoint file of a job, with the sha256 it is verified against."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    step: int
+    epoch: int
+    path: str
+    sha256: str
+    bytes: int
+    is_best: bool
+    metrics: dict[str, Any] | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: Checkpoint) -> CheckpointOut:
+        """The view of a checkpoint row."""
+        return cls.model_validate(row)
+
+
+class ModelOut(BaseModel):
+    """A network of the zoo, with its parameters and MACs per image (10 classes)."""
+
+    name: str
+    family: str
+    stem: str
+    depth: int
+    block: str
+    unit: str
+    shortcut: str | None
+    shortcut_variant: str | None
+    params: int
+    macs: int
+    input_size: int
+
+
+class DatasetOut(BaseModel):
+    """A dataset name: readable here or not, where from, and what it needs otherwise."""
+
+    name: str
+    available: bool
+    downloadable: bool
+    location: str | None
+    needs: str
+
+
+class UploadOut(BaseModel):
+    """An unpacked upload: use `{"name": "imagefolder", "path": path}` as a job's dataset."""
+
+    name: Literal["imagefolder"] = "imagefolder"
+    path: str = Field(examples=["uploads/3f2a..."])
+    files: int
+    bytes: int
+
+
+class HealthOut(BaseModel):
+    """The process answers."""
+
+    status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    """Each dependency and whether it answered in time."""
+
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str]
+
+
+class KeyIn(BaseModel):
+    """A new API key's name and scopes (admin implies every scope)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    scopes: list[Scope] = Field(min_length=1)
+
+
+class KeyOut(BaseModel):
+    """An API key without its secret."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    name: str
+    prefix: str
+    scopes: list[str]
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, row: ApiKey) -> KeyOut:
+        """The view of a key row."""
+        return cls.model_validate(row)
+
+
+class KeyCreated(KeyOut):
+    """A new key; `key` is shown this once and cannot be read again."""
+
+    key: str = Field(examples=["rs_1a2b3c4d_..."])

@@ -1,0 +1,107 @@
+"""Prometheus metrics: requests and latencies per route template, jobs by status, queue depth.
+
+Each app has its own registry, so several apps (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import probes
+from core.db.session import session_scope
+from core.db.tables import JOB_STATUSES, Job
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Telemetry:
+    """An app's registry and its request instruments."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "resnet_http_requests",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "resnet_http_request_duration_seconds",
+            "HTTP request latency by method and route template (streams: their duration).",
+            ["method", "route"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.registry.register(_ServiceCollector(settings))
+
+
+class _ServiceCollector(Collector):
+    """Jobs by status and the queue depth, read when Prometheus scrapes."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("resnet_jobs", "Jobs by status.", labels=["status"])
+        try:
+            with session_scope(self.settings.database_url) as session:
+                query = select(Job.status, func.count()).group_by(Job.status)
+                counts = {status: count for status, count in session.execute(query)}
+        except SQLAlchemyError:
+            log.exception("cannot count jobs for /metrics")
+        else:
+            for status in JOB_STATUSES:
+                jobs.add_metric([status], counts.get(status, 0))
+            yield jobs
+        yield from self._queue_depth()
+
+    def _queue_depth(self) -> Iterator[Metric]:
+        settings = self.settings
+        try:
+            depth = probes.queue_depth(settings.broker_url, settings.probe_timeout_seconds)
+        except Exception:  # any broker failure: leave the gauge out of this scrape
+            log.exception("cannot read the queue depth for /metrics")
+            return
+        if depth is not None:
+            yield GaugeMetricFamily(
+                "resnet_queue_depth", "Job ids waiting on the train queue.", value=depth
+            )
+
+
+class RequestMetrics:
+    """ASGI middleware counting requests and timing them by route template."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.telemetry.requests.labels(scope["method"], route, str(status)).inc()
+            elapsed = time.perf_counter() - started
+            self.telemetry.latency.labels(scope["method"], route).observe(elapsed)

@@ -1,0 +1,286 @@
+"""The client of a running service: `submit`, `jobs`, `watch`, and `keys` (database access).
+
+The service's address and API key come from --url / --key, else RESNET_URL / RESNET_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api import keys as api_keys
+from cli.main import _pairs, _percent, app
+from core.db.session import session_scope
+from core.settings import get_settings
+
+keys_app = typer.Typer(help="API keys, written straight to the service's database.")
+app.add_typer(keys_app, name="keys")
+
+Url = Annotated[
+    str | None, typer.Option("--url", help="The service; default: RESNET_URL or 127.0.0.1:8000.")
+]
+Key = Annotated[str | None, typer.Option("--key", help="API key; default: RESNET_KEY.")]
+RECONNECTS = 5  # a dropped event stream is resumed this many times (from Last-Event-ID)
+
+
+def _client(url: str | None, key: str | None) -> httpx.Client:
+    """An HTTP client for the service's /api/v1, with the API key if there is one."""
+    settings = get_settings()
+    secret = key or settings.client_key
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    base = (url or settings.client_url).rstrip("/") + "/api/v1"
+    return httpx.Client(base_url=base, headers=headers, timeout=30)
+
+
+def _checked(response: httpx.Response) -> Any:
+    """The JSON of a successful answer; otherwise print the error and exit (2 for 422)."""
+    if response.is_success:
+        return response.json()
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError):
+        typer.echo(f"error: HTTP {response.status_code}: {response.text[:500]}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"error: {error['message']}", err=True)
+    for detail in error["details"][1:]:
+        where = ".".join(str(part) for part in detail["loc"][1:])
+        typer.echo(f"error: {where}: {detail['msg']}", err=True)
+    raise typer.Exit(2 if response.status_code == 422 else 1)
+
+
+def _train_payload(
+    model: str,
+    dataset: str,
+    budget: dict[str, Any],
+    pairs: tuple[list[str] | None, list[str] | None, list[str] | None],
+    name: str | None,
+    tags: list[str] | None,
+) -> dict[str, Any]:
+    """A train spec from command-line options (the service validates it)."""
+    options, dataset_fields, recipe = pairs
+    return {
+        "kind": "train",
+        "name": name,
+        "tags": tags or [],
+        "model": {"name": model, "options": _pairs(options, "--option")},
+        "dataset": {"name": dataset, **_pairs(dataset_fields, "--dataset-option")},
+        "recipe": {**_pairs(recipe, "--recipe"), **budget},
+    }
+
+
+@app.command()
+def submit(
+    model: Annotated[str, typer.Option(help="Zoo name, e.g. resnet20.")] = "resnet20",
+    dataset: Annotated[str, typer.Option(help="Dataset name, e.g. digits.")] = "digits",
+    epochs: Annotated[float | None, typer.Option(help="Budget in epochs.")] = None,
+    iterations: Annotated[int | None, typer.Option(help="Budget in iterations.")] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="Model option key=value.")
+    ] = None,
+    dataset_option: Annotated[
+        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
+    ] = None,
+    recipe: Annotated[
+        list[str] | None, typer.Option("--recipe", "-r", help="Recipe field key=value.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="A name for the runs table.")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
+    spec_file: Annotated[
+        Path | None, typer.Option("--spec", help="A whole job spec (train or evaluate) as JSON.")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--watch", help="Then follow it live.")] = False,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Submit a job to a running service; prints its id."""
+    budget = {k: v for k, v in (("epochs", epochs), ("iterations", iterations)) if v is not None}
+    pairs = (option, dataset_option, recipe)
+    payload = (
+        json.loads(spec_file.read_text())
+        if spec_file
+        else _train_payload(model, dataset, budget, pairs, name, tag)
+    )
+    with _client(url, key) as client:
+        job = _checked(client.post("/jobs", json=payload))
+    typer.echo(job["id"])
+    if follow:
+        watch(job["id"], url=url, key=key)
+
+
+@app.command("jobs")
+def list_jobs(
+    status: Annotated[list[str] | None, typer.Option(help="queued, running, ... (repeat).")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this zoo name.")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only jobs with this tag.")] = None,
+    sort: Annotated[str, typer.Option(help="created, finished, best_test_error; - desc.")] = (
+        "-created"
+    ),
+    limit: Annotated[int, typer.Option(min=1, max=200)] = 20,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """The service's jobs as a table, newest first."""
+    filters = {"status": status or [], "model": model, "dataset": dataset, "tag": tag}
+    params: dict[str, str | int | list[str]] = {k: v for k, v in filters.items() if v}
+    params |= {"sort": sort, "limit": limit}
+    with _client(url, key) as client:
+        page = _checked(client.get("/jobs", params=params))
+    table = Table(title=f"jobs ({sort})")
+    for column in (
+        "id",
+        "name",
+        "kind",
+        "model",
+        "dataset",
+        "status",
+        "step",
+        "best err",
+        "created",
+    ):
+        table.add_column(column, no_wrap=column in ("id", "created"))
+    for job in page["items"]:
+        progress = job["progress"]
+        table.add_row(
+            job["id"][:8],
+            job["name"] or "",
+            job["kind"],
+            job["model"] or "",
+            job["dataset"] or "",
+            job["status"],
+            f"{progress['step']:,}/{progress['total_steps'] or '?'}",
+            _percent(job["results"]["best_test_error"]),
+            job["created_at"][:19].replace("T", " "),
+        )
+    Console(width=None if Console().is_terminal else 160).print(table)
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
+    """(event, data, id) of each event of a Server-Sent Events stream."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+            continue
+        if "event" in fields:
+            yield fields["event"], json.loads(fields.get("data", "null")), fields.get("id")
+        fields = {}
+
+
+class _Watch:
+    """A job's progress bar and log, drawn from its event stream."""
+
+    def __init__(self, job_id: str, progress: Progress) -> None:
+        self.job_id = job_id
+        self.progress = progress
+        self.task = progress.add_task(job_id[:8], total=None)
+        self.latest: dict[str, float] = {}
+        self.last_event_id: str | None = None
+
+    def show(self, event: str, data: Any) -> str | None:
+        """Draw one event; the job's final status when it is `end`."""
+        if event == "log":
+            self.progress.console.print(f"[dim]{data['created_at'][11:19]}[/] {data['message']}")
+        elif event == "progress":
+            self.progress.update(self.task, completed=data["step"], total=data["total_steps"])
+        elif event == "status":
+            self.progress.update(self.task, description=f"{self.job_id[:8]} {data['status']}")
+        elif event == "metrics":
+            self.latest |= {n: s["values"][-1] for n, s in data["series"].items()}
+            shown = [
+                f"{n} {self.latest[n]:.4g}"
+                for n in ("train/loss", "test/error")
+                if n in self.latest
+            ]
+            self.progress.update(self.task, description=f"{self.job_id[:8]} {'  '.join(shown)}")
+        return str(data["status"]) if event == "end" else None
+
+    def follow(self, client: httpx.Client) -> str | None:
+        """Read the stream until `end` (the status) or until it drops (None)."""
+        headers = {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
+        path = f"/jobs/{self.job_id}/events"
+        timeout = httpx.Timeout(30, read=None)
+        with client.stream("GET", path, headers=headers, timeout=timeout) as response:
+            if not response.is_success:
+                response.read()
+                _checked(response)
+            for event, data, event_id in _sse(response.iter_lines()):
+                self.last_event_id = event_id or self.last_event_id
+                ended = self.show(event, data)
+                if ended is not None:
+                    return ended
+        return None
+
+
+@app.command()
+def watch(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Follow a job live until it ends; exits 1 unless it succeeded."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    status = None
+    with _client(url, key) as client, Progress(*columns, TimeElapsedColumn()) as progress:
+        watching = _Watch(job_id, progress)
+        for _attempt in range(RECONNECTS + 1):
+            try:
+                status = watching.follow(client)
+            except httpx.TransportError as error:
+                progress.console.print(f"[yellow]stream dropped ({error}); reconnecting[/]")
+                continue
+            if status is not None:
+                break
+    typer.echo(f"job {job_id} {status or 'still running: the stream kept dropping'}")
+    if status != "succeeded":
+        raise typer.Exit(1)
+
+
+@keys_app.command("create")
+def create_key(
+    name: Annotated[str, typer.Option(help="Who or what the key is for.")],
+    scope: Annotated[list[str], typer.Option(help="read, train, predict, admin (repeat).")],
+) -> None:
+    """Create an API key; it is printed this once and cannot be shown again."""
+    with session_scope(get_settings().database_url) as session:
+        try:
+            row, plaintext = api_keys.create_key(session=session, name=name, scopes=scope)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--scope") from error
+        typer.echo(f"created key {row.prefix} ({', '.join(row.scopes)}); store it now:", err=True)
+    typer.echo(plaintext)
+
+
+@keys_app.command("list")
+def list_keys() -> None:
+    """Every API key, without secrets."""
+    table = Table(title="API keys")
+    for column in ("id", "prefix", "name", "scopes", "created", "revoked"):
+        table.add_column(column)
+    with session_scope(get_settings().database_url) as session:
+        for row in api_keys.list_keys(session=session):
+            revoked = row.revoked_at.isoformat(" ", "seconds") if row.revoked_at else ""
+            created = row.created_at.isoformat(" ", "seconds")
+            table.add_row(str(row.id), row.prefix, row.name, ",".join(row.scopes), created, revoked)
+    Console(width=None if Console().is_terminal else 160).print(table)
+
+
+@keys_app.command("revoke")
+def revoke_key(key_id: Annotated[uuid.UUID, typer.Argument(help="The key's id.")]) -> None:
+    """Revoke an API key at once."""
+    with session_scope(get_settings().database_url) as session:
+        row = api_keys.revoke_key(session=session, key_id=key_id)
+    if row is None:
+        typer.echo(f"error: no API key {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked key {row.prefix}")

@@ -1,0 +1,182 @@
+"""The model registry: named models, numbered versions (job checkpoints) and aliases.
+
+A model reference (`REF` of `POST /predict`) is one of: a job id (its best checkpoint),
+`name` (the latest version), `name/3` (version 3) or `name@production` (an alias).
+Keyword-only service functions over a caller-owned session (the caller commits).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+ALIAS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_REF = re.compile(rf"(?P<name>{NAME.pattern})(?:/(?P<version>\d+)|@(?P<alias>{ALIAS.pattern}))?")
+
+
+class RegistryError(ValueError):
+    """A registry request that cannot be met; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a model reference points at: a checkpoint file and the sha256 it must have."""
+
+    ref: str
+    job_id: uuid.UUID
+    model: str | None
+    version: int | None
+    path: str
+    sha256: str
+    step: int
+
+
+def register(
+    *, session: Session, name: str, job_id: uuid.UUID, checkpoint: str = "best"
+) -> ModelVersion:
+    """Add the next version of `name` (created on first use) from a succeeded job."""
+    if NAME.fullmatch(name) is None:
+        raise RegistryError(422, f"model name {name!r} must match {NAME.pattern}")
+    job = session.get(Job, job_id)
+    if job is None or job.kind != "train":
+        raise RegistryError(422, f"job {job_id} is not a train job of this service")
+    if job.status != "succeeded":
+        raise RegistryError(409, f"job {job_id} is {job.status}; only succeeded jobs register")
+    row = jobs.find_checkpoint(session=session, job_id=job_id, which=checkpoint)
+    if row is None:
+        raise RegistryError(422, f"job {job_id} has no {checkpoint} checkpoint")
+    model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
+    if model is None:
+        model = RegisteredModel(name=name)
+        session.add(model)
+        session.flush()
+    latest = session.scalar(
+        select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id)
+    )
+    version = ModelVersion(
+        model_id=model.id,
+        version=(latest or 0) + 1,
+        job_id=job_id,
+        checkpoint=checkpoint,
+        step=row.step,
+        path=row.path,
+        sha256=row.sha256,
+    )
+    session.add(version)
+    session.flush()
+    return version
+
+
+def set_alias(*, session: Session, name: str, alias: str, version: int) -> ModelAlias:
+    """Point `alias` at a version; moving it switches traffic for the next request."""
+    if ALIAS.fullmatch(alias) is None:
+        raise RegistryError(422, f"alias {alias!r} must match {ALIAS.pattern}")
+    target = _version(session, name, version)
+    row = session.get(ModelAlias, (target.model_id, alias))
+    if row is None:
+        row = ModelAlias(model_id=target.model_id, alias=alias, version_id=target.id)
+        session.add(row)
+    else:
+        row.version_id = target.id
+    session.flush()
+    return row
+
+
+def delete_alias(*, session: Session, name: str, alias: str) -> None:
+    """Remove an alias."""
+    model = _model(session, name)
+    row = session.get(ModelAlias, (model.id, alias))
+    if row is None:
+        raise RegistryError(404, f"model {name!r} has no alias {alias!r}")
+    session.delete(row)
+
+
+def delete_version(*, session: Session, name: str, version: int) -> None:
+    """Remove a version that no alias points to."""
+    target = _version(session, name, version)
+    aliases = session.scalars(select(ModelAlias.alias).where(ModelAlias.version_id == target.id))
+    pointing = sorted(aliases)
+    if pointing:
+        raise RegistryError(
+            409, f"{name}/{version} is served by alias(es) {', '.join(pointing)}; move them first"
+        )
+    session.delete(target)
+
+
+def resolve(*, session: Session, ref: str) -> Resolved:
+    """The checkpoint a model reference points at, or a 404/422 `RegistryError`."""
+    try:
+        job_id = uuid.UUID(ref)
+    except ValueError:
+        return _resolve_name(session, ref)
+    job = session.get(Job, job_id)
+    if job is None:
+        raise RegistryError(404, f"job {ref} does not exist")
+    if job.status != "succeeded" or job.kind != "train":
+        raise RegistryError(
+            409, f"job {ref} is a {job.status} {job.kind} job; predict needs a succeeded train job"
+        )
+    row = jobs.find_checkpoint(session=session, job_id=job_id, which="best")
+    if row is None:
+        raise RegistryError(409, f"job {ref} has no best checkpoint")
+    return Resolved(ref, job_id, None, None, row.path, row.sha256, row.step)
+
+
+def _resolve_name(session: Session, ref: str) -> Resolved:
+    match = _REF.fullmatch(ref)
+    if match is None:
+        raise RegistryError(
+            422, f"model reference {ref!r} must be a job id, name, name/VERSION or name@ALIAS"
+        )
+    name, number, alias = match["name"], match["version"], match["alias"]
+    model = _model(session, name)
+    if alias is not None:
+        row = session.get(ModelAlias, (model.id, alias))
+        if row is None:
+            raise RegistryError(404, f"model {name!r} has no alias {alias!r}")
+        version = session.get(ModelVersion, row.version_id)
+    elif number is not None:
+        version = _version(session, name, int(number))
+    else:
+        version = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.model_id == model.id)
+            .order_by(ModelVersion.version.desc())
+            .limit(1)
+        ).first()
+    if version is None:
+        raise RegistryError(404, f"model {name!r} has no versions")
+    return Resolved(
+        ref, version.job_id, name, version.version, version.path, version.sha256, version.step
+    )
+
+
+def _model(session: Session, name: str) -> RegisteredModel:
+    model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
+    if model is None:
+        raise RegistryError(404, f"model {name!r} is not registered")
+    return model
+
+
+def _version(session: Session, name: str, version: int) -> ModelVersion:
+    model = _model(session, name)
+    row = session.scalar(
+        select(ModelVersion).where(
+            ModelVersion.model_id == model.id, ModelVersion.version == version
+        )
+    )
+    if row is None:
+        raise RegistryError(404, f"model {name!r} has no version {version}")
+    return row

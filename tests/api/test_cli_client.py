@@ -1,0 +1,137 @@
+"""The command-line client against a real HTTP server: submit, jobs, watch, keys create."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from typer.testing import CliRunner
+
+from api.app import create_app
+from cli.main import app
+from core import jobs
+from core.db.session import session_scope
+from core.queue import QUEUE
+from core.settings import Settings, get_settings
+from tests.api.conftest import claim, finish, make_key, new_job
+
+runner = CliRunner()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The API served by uvicorn on a free local port, in a thread."""
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        assert thread.is_alive(), "uvicorn stopped while starting"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(20)
+
+
+@pytest.fixture(scope="module")
+def key(settings: Settings) -> str:
+    return make_key(settings.database_url, "read", "train")
+
+
+def test_submit_prints_the_id_of_a_queued_job(
+    live_url: str, key: str, queue: redis.Redis, settings: Settings
+) -> None:
+    args = ["submit", "--model", "resnet20", "--dataset", "digits", "--epochs", "3"]
+    args += ["-r", "lr=0.05", "-o", "shortcut=B", "--tag", "cli", "--url", live_url, "--key", key]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    job = httpx.get(f"{live_url}/api/v1/jobs/{job_id}", headers=headers).json()
+    assert job["spec"]["recipe"]["lr"] == 0.05
+    assert job["spec"]["recipe"]["epochs"] == 3
+    assert job["spec"]["model"]["options"] == {"shortcut": "B"}
+    assert queue.llen(QUEUE) == 1
+
+
+def test_submit_reports_each_invalid_field(live_url: str, key: str, queue: redis.Redis) -> None:
+    args = ["submit", "--model", "resnet21", "-r", "lr=-1", "--url", live_url, "--key", key]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "model: model 'resnet21'" in result.stderr
+    assert "recipe.lr: Input should be greater than 0" in result.stderr
+    assert queue.llen(QUEUE) == 0
+
+
+def test_jobs_lists_a_table(live_url: str, key: str, settings: Settings) -> None:
+    job_id = new_job(settings.database_url, name="listed by the cli")
+    args = ["jobs", "--status", "queued", "--limit", "200", "--url", live_url, "--key", key]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if str(job_id)[:8] in line)
+    assert "listed by the cli" in row
+    assert "queued" in row
+    unauthorized = runner.invoke(app, ["jobs", "--url", live_url, "--key", "rs_0_0"])
+    assert unauthorized.exit_code == 1
+    assert "unknown or revoked" in unauthorized.stderr
+
+
+def _work(url: str, job_id: uuid.UUID) -> None:
+    token = claim(url, job_id)
+    with session_scope(url) as session:
+        jobs.heartbeat(
+            session=session, job_id=job_id, token=token, lease_seconds=60, step=8, total_steps=8
+        )
+        jobs.add_event(
+            session=session, job_id=job_id, level="info", message="epoch 1 done", token=token
+        )
+    finish(url, job_id, token, best_test_error=0.1)
+
+
+def test_watch_follows_a_job_until_it_succeeds(live_url: str, key: str, settings: Settings) -> None:
+    job_id = new_job(settings.database_url)
+    worker = threading.Thread(target=_work, args=(settings.database_url, job_id))
+    worker.start()
+    result = runner.invoke(app, ["watch", str(job_id), "--url", live_url, "--key", key])
+    worker.join(10)
+    assert result.exit_code == 0, result.output
+    assert "epoch 1 done" in result.stdout
+    assert f"job {job_id} succeeded" in result.stdout
+    missing = runner.invoke(app, ["watch", str(uuid.uuid4()), "--url", live_url, "--key", key])
+    assert missing.exit_code == 1
+    assert "does not exist" in missing.stderr
+
+
+def test_keys_create_prints_a_working_key_once(
+    live_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    get_settings.cache_clear()
+    try:
+        result = runner.invoke(app, ["keys", "create", "--name", "ci", "--scope", "read"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    plaintext = result.stdout.strip()
+    assert plaintext.startswith("rs_")
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    assert httpx.get(f"{live_url}/api/v1/jobs", headers=headers).status_code == 200
+    assert httpx.post(f"{live_url}/api/v1/jobs", json={}, headers=headers).status_code == 403

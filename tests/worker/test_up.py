@@ -1,0 +1,116 @@
+"""`resnet-service up` on a bare folder: SQLite, the embedded broker, a worker and the API;
+a job over HTTP; then SIGINT stops every process it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.worker.support import BIN, recipe, wait_for
+
+pytestmark = pytest.mark.slow
+
+CONFIGURED = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_DIR", "DATA_DIR", "AUTH_ENABLED")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every living process below `pid` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a living process (neither gone nor a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """`resnet-service up` in an empty folder, nothing configured but a short lease."""
+    env = {key: value for key, value in os.environ.items() if key not in CONFIGURED}
+    env |= {"LEASE_SECONDS": "6", "HEARTBEAT_SECONDS": "1", "OMP_NUM_THREADS": "1"}
+    port = _free_port()
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(BIN / "resnet-service"), "up", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process, f"http://127.0.0.1:{port}/api/v1", log
+    finally:
+        for pid in _descendants(process.pid) | {process.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_up_serves_jobs_and_stops_cleanly_on_sigint(
+    up: tuple[subprocess.Popen[bytes], str, Path], tmp_path: Path
+) -> None:
+    process, api, log = up
+    wait_for(lambda: "ready: " in log.read_text() or process.poll() is not None, 120, "up")
+    output = log.read_text()
+    assert process.poll() is None, output
+    assert "AUTH IS OFF" in output
+    assert (tmp_path / "var" / "resnet.db").is_file()
+
+    with httpx.Client(base_url=api, timeout=10) as client:
+        body = {
+            "kind": "train",
+            "model": {"name": "resnet8"},
+            "dataset": {"name": "digits", "validation": 0},
+            "recipe": recipe(2),
+        }
+        created = client.post("/jobs", json=body)
+        assert created.status_code == 202, created.text
+        job_id = created.json()["id"]
+
+        def status() -> str | None:
+            current = str(client.get(f"/jobs/{job_id}").json()["status"])
+            return current if current in ("succeeded", "failed", "cancelled") else None
+
+        assert wait_for(status, 90, "the job to end") == "succeeded"
+    assert (tmp_path / "var" / "broker.db").is_file()
+    assert (tmp_path / "var" / "artifacts" / "jobs" / job_id / "checkpoints" / "best.pt").is_file()
+
+    started = _descendants(process.pid)
+    assert len(started) >= 3  # worker, its job process, API
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 0
+    assert not [pid for pid in started if _alive(pid)]

@@ -1,0 +1,61 @@
+"""The Celery tasks: thin wrappers that take a job id and hand it to `worker.runner`.
+
+Run a worker with `resnet-service worker` (or `celery -A worker.tasks worker -Q train -c 1`):
+one job at a time per process, one worker process per GPU. The reliability settings are in
+`core/queue.py`; this module adds the tasks and, in the worker's main process, the reaper.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+from celery import signals
+
+from core.db import schema
+from core.db.session import get_engine
+from core.queue import REAP, RUN_JOB, app_for
+from core.settings import get_settings
+from worker import reaper, runner
+
+settings = get_settings()
+app = app_for(settings)
+_reaper = reaper.Reaper(settings)
+
+
+def run_job(task: Any, job_id: str) -> None:
+    """Claim the job and run it to its outcome; a delivery that cannot claim does nothing."""
+    worker = f"{task.request.hostname} pid {os.getpid()}"
+    runner.execute(uuid.UUID(job_id), settings=settings, worker=worker)
+
+
+def reap_expired() -> int:
+    """One reaper pass, for Celery beat users (each worker already runs a reaper thread)."""
+    return len(reaper.reap_once(settings))
+
+
+def _refuse_old_schema(**_: object) -> None:
+    """Stop the worker at start when the database is not at the code's migration head."""
+    try:
+        schema.check_current(settings.database_url)
+    except schema.SchemaOutdated as error:
+        raise SystemExit(f"error: {error}") from None
+    finally:
+        # Children fork from this process: leave them no pooled connection to share.
+        get_engine(settings.database_url).dispose()
+
+
+def _start_reaper(**_: object) -> None:
+    _reaper.start()
+
+
+def _stop_reaper(**_: object) -> None:
+    _reaper.stop()
+
+
+app.task(name=RUN_JOB, bind=True)(run_job)
+app.task(name=REAP)(reap_expired)
+signals.worker_init.connect(_refuse_old_schema, weak=False)
+signals.worker_ready.connect(_start_reaper, weak=False)
+signals.worker_shutdown.connect(_stop_reaper, weak=False)
