@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/resnet-service models
+	$(BIN)/resnet-service up
 
 test: $(STAMP)
 	$(BIN)/pytest
