@@ -5,7 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench clean
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: run test lint format bench clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,8 +19,17 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/resnet-service up
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/pytest
+
+# The dashboard tests drive Debian's chromium (Playwright's own browser download cannot
+# work offline); install it when it is missing and apt is there, else say what is needed.
+chromium:
+	@test -x $(CHROMIUM) || command -v apt-get >/dev/null || { \
+		echo "make test needs $(CHROMIUM) for the dashboard's browser tests;" \
+			"install Debian's chromium package" >&2; exit 1; }
+	@test -x $(CHROMIUM) || apt-get install -y chromium \
+		|| { apt-get update && apt-get install -y chromium; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

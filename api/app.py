@@ -15,8 +15,9 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api import errors
+from api.inference import ModelCache
 from api.limits import BodyLimit
-from api.routers import datasets, health, jobs, keys, models
+from api.routers import dashboard, datasets, health, jobs, keys, models, predict, registry
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
@@ -36,10 +37,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.telemetry = Telemetry(settings)
     errors.install(app)
-    uploads = {datasets.router.prefix: settings.max_upload_bytes}
+    uploads = {
+        datasets.router.prefix: settings.max_upload_bytes,
+        predict.PATH: predict.body_limit(settings),
+    }
     app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
-    for router in (jobs.router, models.router, datasets.router, keys.router, health.router):
+    # Routes are matched in order: the hot prediction path first.
+    for router in (
+        predict.router,
+        registry.router,
+        jobs.router,
+        models.router,
+        datasets.router,
+        keys.router,
+        health.router,
+        dashboard.router,
+    ):
         app.include_router(router)
     return app
 
@@ -48,12 +62,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Check (or migrate) the schema before serving; describe the zoo in the background."""
     await run_in_threadpool(_prepare_schema, app.state.settings)
+    app.state.model_cache = _model_cache(app.state.settings)
     stop = threading.Event()
     warm_up = threading.Thread(target=models.warm_up, args=(stop,), name="zoo-warm-up")
     warm_up.start()
     yield
     stop.set()  # it ends after the net it is counting (at most a few seconds)
     await run_in_threadpool(warm_up.join)
+    await run_in_threadpool(app.state.model_cache.close)
+
+
+def _model_cache(settings: Settings) -> ModelCache:
+    """The cache of loaded models that /predict serves from, bounded as configured."""
+    return ModelCache(
+        max_models=settings.predict_cache_models,
+        max_bytes=settings.predict_cache_bytes,
+        max_batch=settings.predict_max_batch,
+        max_wait_s=settings.predict_max_wait_ms / 1000,
+        max_queue=settings.predict_queue_size,
+    )
 
 
 def _prepare_schema(settings: Settings) -> None:

@@ -90,3 +90,4 @@ def _requires(scope: str) -> Callable[[Principal | None], Awaitable[Principal | 
 ReadKey = Annotated[Principal | None, Depends(_requires("read"))]
 TrainKey = Annotated[Principal | None, Depends(_requires("train"))]
 AdminKey = Annotated[Principal | None, Depends(_requires("admin"))]
+PredictKey = Annotated[Principal | None, Depends(_requires("predict"))]

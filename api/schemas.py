@@ -315,3 +315,132 @@ class KeyCreated(KeyOut):
     """A new key; `key` is shown this once and cannot be read again."""
 
     key: str = Field(examples=["rs_1a2b3c4d_..."])
+
+
+class RegisterIn(BaseModel):
+    """A succeeded train job's checkpoint to add as the next version of a model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: uuid.UUID
+    checkpoint: Literal["best", "last"] = "best"
+
+
+class AliasIn(BaseModel):
+    """The version an alias should point at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1)
+
+
+class VersionOut(BaseModel):
+    """A registered version: its job's checkpoint and what that job reached."""
+
+    version: int
+    job_id: uuid.UUID
+    checkpoint: Literal["best", "last"]
+    step: int
+    sha256: str
+    model: str | None = Field(description="The zoo name of the job's net, e.g. resnet20.")
+    dataset: str | None
+    test_error: float | None = Field(description="The job's best or final test error (0..1).")
+    params: int | None
+    created_at: datetime
+
+
+class AliasOut(BaseModel):
+    """A name for a version, e.g. production; moving it switches traffic."""
+
+    alias: str
+    version: int
+    updated_at: datetime
+
+
+class RegisteredModelOut(BaseModel):
+    """A named model with its versions (oldest first) and aliases."""
+
+    name: str
+    created_at: datetime
+    versions: list[VersionOut]
+    aliases: list[AliasOut]
+
+
+class ClassScore(BaseModel):
+    """One of an image's top-k classes."""
+
+    label: str
+    index: int
+    probability: float
+
+
+class ImageError(BaseModel):
+    """Why one file of a request was not classified."""
+
+    status: int = Field(examples=[415])
+    message: str
+
+
+class ImagePrediction(BaseModel):
+    """One file's answer: its top-k classes, or the error that kept it out."""
+
+    file: str
+    resize: Literal["none", "resize", "resize+center-crop"] | None = Field(
+        description="How the image was fitted to the input size (null for a failed file)."
+    )
+    top_k: list[ClassScore]
+    error: ImageError | None = None
+
+
+class ServedModel(BaseModel):
+    """The checkpoint that answered: the reference as sent and what it resolved to."""
+
+    ref: str
+    name: str | None = Field(description="The registered model; null for a job id reference.")
+    version: int | None
+    job_id: uuid.UUID
+    sha256: str
+    step: int
+
+
+class Preprocessing(BaseModel):
+    """The checkpoint's training preprocessing, applied to every image."""
+
+    channels: int
+    input_size: list[int] = Field(description="[height, width]")
+    mean: list[float]
+    std: list[float]
+
+
+class Timing(BaseModel):
+    """Milliseconds in the model's queue and forward pass, and in the whole request."""
+
+    queue_forward_ms: float
+    total_ms: float
+
+
+class PredictOut(BaseModel):
+    """Per file, in request order: the top-k classes or an error; the model that answered."""
+
+    model: ServedModel
+    preprocessing: Preprocessing
+    results: list[ImagePrediction]
+    timing: Timing
+
+
+class BatcherStats(BaseModel):
+    """A loaded model's micro-batcher: how many forward passes of which sizes it ran."""
+
+    sha256: str
+    queued: int
+    max_batch: int
+    batches: int
+    images: int
+    batch_sizes: dict[int, int] = Field(description="Forward passes per batch size.")
+
+
+class PredictStats(BaseModel):
+    """The model cache: loads so far and each loaded model's batching."""
+
+    loads: int
+    models: list[BatcherStats]

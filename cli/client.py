@@ -284,3 +284,48 @@ def revoke_key(key_id: Annotated[uuid.UUID, typer.Argument(help="The key's id.")
         typer.echo(f"error: no API key {key_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"revoked key {row.prefix}")
+
+
+@app.command()
+def predict(
+    images: Annotated[list[Path], typer.Argument(help="PNG, JPEG, WebP or BMP files.")],
+    model: Annotated[
+        str, typer.Option(help="A job id, a registered name, name/VERSION or name@ALIAS.")
+    ],
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=1000)] = 5,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Classify images with a served model; prints a table of top classes per image."""
+    missing = [str(path) for path in images if not path.is_file()]
+    if missing:
+        raise typer.BadParameter(f"no such file: {', '.join(missing)}", param_hint="IMAGE")
+    files = [("files", (path.name, path.read_bytes())) for path in images]
+    with _client(url, key) as client:
+        answer = _checked(
+            client.post("/predict", params={"model": model, "top_k": top_k}, files=files)
+        )
+    served = answer["model"]
+    version = f"/{served['version']}" if served["version"] is not None else ""
+    console = Console(width=None if Console().is_terminal else 160)
+    console.print(
+        f"{served['ref']} -> {served['name'] or 'job'}{version} (job {served['job_id'][:8]}, "
+        f"step {served['step']}, sha256 {served['sha256'][:12]}), "
+        f"{answer['timing']['total_ms']:.1f} ms"
+    )
+    for result in answer["results"]:
+        console.print(_prediction_table(result))
+    if any(result["error"] for result in answer["results"]):
+        raise typer.Exit(1)
+
+
+def _prediction_table(result: dict[str, Any]) -> Table | str:
+    """One image's top classes as a table, or its error."""
+    if result["error"]:
+        return f"[red]{result['file']}: {result['error']['message']}[/]"
+    table = Table(title=f"{result['file']} (resize: {result['resize']})")
+    for column in ("#", "label", "index", "probability"):
+        table.add_column(column, justify="left" if column == "label" else "right")
+    for rank, score in enumerate(result["top_k"], start=1):
+        table.add_row(str(rank), score["label"], str(score["index"]), f"{score['probability']:.2%}")
+    return table

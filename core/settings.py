@@ -57,6 +57,33 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("client_key", "resnet_key"),
         description="The command-line client's API key (RESNET_KEY).",
     )
+    predict_max_image_bytes: int = Field(
+        4 * 1024**2, ge=1024, description="Largest image file a prediction accepts (413)."
+    )
+    predict_max_pixels: int = Field(
+        16_000_000, ge=64, description="Most pixels an image may declare; checked before decoding."
+    )
+    predict_max_files: int = Field(16, ge=1, le=256, description="Most images in one request.")
+    predict_cache_models: int = Field(4, ge=1, description="Loaded models kept (LRU).")
+    predict_cache_bytes: int = Field(
+        2 * 1024**3, ge=1024**2, description="Parameter bytes of the loaded models kept (LRU)."
+    )
+    predict_max_batch: int = Field(
+        64, ge=1, le=1024, description="Images per forward pass; 1 turns micro-batching off."
+    )
+    predict_max_wait_ms: float = Field(
+        1.0, ge=0, le=1000, description="How long a batch waits for more requests to join."
+    )
+    predict_queue_size: int = Field(
+        1024, ge=1, description="Requests waiting per model; beyond it, 503 with Retry-After."
+    )
+    predict_ref_ttl_ms: float = Field(
+        1000.0,
+        ge=0,
+        le=60_000,
+        description="How long an API process reuses a resolved model reference; a registry "
+        "change made through another process reaches its predictions within this time.",
+    )
 
 
 @lru_cache

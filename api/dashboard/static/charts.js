@@ -1,0 +1,78 @@
+// Charts with plotly.js (served by the API from the plotly package): the papers' figures.
+
+export const PALETTE = ["#2b59c3", "#d9480f", "#2f9e44", "#ae3ec9", "#e8590c", "#1098ad",
+  "#c2255c", "#5c940d", "#364fc7", "#862e9c"];
+
+const CONFIG = { displaylogo: false, responsive: true };
+
+/** Draw (or redraw in place) a chart into `div`. */
+export function plot(div, traces, layout) {
+  const base = {
+    margin: { l: 60, r: 20, t: 36, b: 46 }, height: 320, legend: { orientation: "h", y: -0.25 },
+    font: { size: 12 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
+    xaxis: { gridcolor: "#eceff3", zeroline: false }, yaxis: { gridcolor: "#eceff3", zeroline: false },
+  };
+  const merged = { ...base, ...layout };
+  merged.xaxis = { ...base.xaxis, ...layout.xaxis };
+  merged.yaxis = { ...base.yaxis, ...layout.yaxis };
+  window.Plotly.react(div, traces, merged, CONFIG);
+}
+
+const asPercent = (values) => values.map((v) => 100 * v);
+
+/**
+ * Error curves as the 2015 paper draws them: training error thin, test error bold, in
+ * one colour per run (validation error dashed).
+ */
+export function errorTraces(series, { color = PALETTE[0], label = "" } = {}) {
+  const prefix = label ? `${label} ` : "";
+  const traces = [];
+  const add = (name, title, line) => {
+    const s = series[name];
+    if (!s?.steps.length) return;
+    traces.push({
+      x: s.steps, y: asPercent(s.values), name: `${prefix}${title}`, mode: "lines",
+      line: { color, ...line }, meta: { metric: name, run: label },
+    });
+  };
+  add("train/error", "train error", { width: 1 });
+  add("val/error", "val error", { width: 2, dash: "dot" });
+  add("test/error", "test error", { width: 3 });
+  return traces;
+}
+
+export const ERROR_LAYOUT = {
+  title: { text: "Error (%) — training thin, test bold" },
+  xaxis: { title: { text: "iterations" } },
+  yaxis: { title: { text: "error (%)" }, rangemode: "tozero" },
+};
+
+/** Lines of the named series (loss, learning rate) against iterations. */
+export function lineTraces(series, names) {
+  return names.filter((n) => series[n]?.steps.length).map((name, i) => ({
+    x: series[name].steps, y: series[name].values, name, mode: "lines",
+    line: { color: PALETTE[i], width: name.startsWith("train/") ? 1 : 2.5 },
+  }));
+}
+
+/**
+ * A per-block diagnostic (`diag/<kind>/<i>`) at its latest step, by block index (2015
+ * Fig. 7 plots the response std by layer index, and again sorted by magnitude).
+ */
+export function perBlock(series, kind) {
+  const prefix = `diag/${kind}/`;
+  const blocks = Object.keys(series).filter((n) => n.startsWith(prefix))
+    .map((n) => [Number(n.slice(prefix.length)), series[n]])
+    .filter(([, s]) => s.steps.length).sort((a, b) => a[0] - b[0]);
+  if (!blocks.length) return { traces: [], step: null };
+  const step = Math.max(...blocks.map(([, s]) => s.steps[s.steps.length - 1]));
+  const values = blocks.map(([, s]) => s.values[s.values.length - 1]);
+  const index = blocks.map(([i]) => i);
+  const traces = [{ x: index, y: values, name: "by block index", mode: "lines+markers",
+    line: { color: PALETTE[0], width: 2 } }];
+  if (kind === "response_std") {
+    traces.push({ x: index, y: [...values].sort((a, b) => b - a), name: "sorted by magnitude",
+      mode: "lines", line: { color: PALETTE[1], width: 1.5, dash: "dot" } });
+  }
+  return { traces, step };
+}

@@ -1,0 +1,80 @@
+"""The dashboard: its page, its scripts and styles, plotly.js, and the caller's session.
+
+Everything the browser loads comes from this process, so the dashboard works offline.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import plotly.offline
+from fastapi import APIRouter, Response
+from fastapi.responses import FileResponse, HTMLResponse
+from pydantic import BaseModel
+
+from api.deps import CurrentKey, SettingsDep
+from api.errors import responses
+from api.keys import SCOPES
+from api.schemas import API_PREFIX
+
+router = APIRouter(tags=["dashboard"])
+DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
+STATIC = DASHBOARD / "static"
+# The dashboard's own files change with the code: browsers revalidate them (ETag).
+# plotly.js changes only with the installed package, so it is cached for a year.
+REVALIDATE = "no-cache"
+YEAR = "public, max-age=31536000, immutable"
+
+
+class SessionOut(BaseModel):
+    """Whether the API asks for keys, and what the caller's key may do."""
+
+    auth_enabled: bool
+    scopes: list[str]
+
+
+@router.get("/", include_in_schema=False)
+def index() -> HTMLResponse:
+    """The single page of the dashboard."""
+    html = (DASHBOARD / "index.html").read_text()
+    return HTMLResponse(html, headers={"Cache-Control": REVALIDATE})
+
+
+@router.get("/static/plotly.min.js", include_in_schema=False)
+def plotly_js() -> Response:
+    """plotly.js from the installed plotly package."""
+    return Response(_plotly(), media_type="text/javascript", headers={"Cache-Control": YEAR})
+
+
+@cache
+def _plotly() -> bytes:
+    script: str = plotly.offline.get_plotlyjs()
+    return script.encode()
+
+
+def _static_route(path: Path) -> None:
+    """GET /static/<name> for one file of the dashboard (a route per file: no path input)."""
+
+    def serve() -> FileResponse:
+        return FileResponse(path, headers={"Cache-Control": REVALIDATE})
+
+    serve.__doc__ = f"The dashboard's {path.name}."
+    router.add_api_route(f"/static/{path.name}", serve, methods=["GET"], include_in_schema=False)
+
+
+for _file in sorted(STATIC.iterdir()):
+    if _file.is_file() and not _file.name.startswith("."):
+        _static_route(_file)
+
+
+@router.get(
+    f"{API_PREFIX}/session",
+    summary="The caller's scopes, and whether auth is on",
+    responses=responses(401),
+)
+def session(settings: SettingsDep, key: CurrentKey) -> SessionOut:
+    """With auth off every scope is allowed; with auth on, the presented key's."""
+    if key is None:
+        return SessionOut(auth_enabled=settings.auth_enabled, scopes=list(SCOPES))
+    return SessionOut(auth_enabled=True, scopes=sorted(key.scopes))

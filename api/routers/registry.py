@@ -1,0 +1,169 @@
+"""The model registry: named models whose versions are job checkpoints, and their aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, status
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.deps import ReadKey, SessionDep, TrainKey
+from api.errors import ApiError, ConflictError, NotFoundError, UnprocessableError, responses
+from api.inference import REFS
+from api.schemas import (
+    API_PREFIX,
+    AliasIn,
+    AliasOut,
+    RegisteredModelOut,
+    RegisterIn,
+    VersionOut,
+)
+from core import registry
+from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+
+router = APIRouter(prefix=f"{API_PREFIX}/registry", tags=["registry"])
+_ERRORS: dict[int, type[ApiError]] = {
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableError,
+}
+
+
+def api_error(error: registry.RegistryError) -> ApiError:
+    """The shared-shape error of a registry error (its status, its message)."""
+    return _ERRORS.get(error.status, UnprocessableError)(str(error))
+
+
+@router.get("", summary="Registered models", responses=responses(401, 403))
+def list_models(session: SessionDep, _: ReadKey) -> list[RegisteredModelOut]:
+    """Every model with its versions (job, dataset, test error, params, sha256) and aliases."""
+    rows = session.scalars(select(RegisteredModel).order_by(RegisteredModel.name))
+    return [_described(session, row) for row in rows]
+
+
+@router.get("/{name}", summary="A registered model", responses=responses(401, 403, 404, 422))
+def read_model(name: str, session: SessionDep, _: ReadKey) -> RegisteredModelOut:
+    """The model's versions and aliases."""
+    row = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
+    if row is None:
+        raise NotFoundError(f"model {name!r} is not registered")
+    return _described(session, row)
+
+
+@router.post(
+    "/{name}/versions",
+    status_code=status.HTTP_201_CREATED,
+    summary="Register a job's checkpoint as the next version",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def register_version(
+    name: str, body: Annotated[RegisterIn, Body()], session: SessionDep, _: TrainKey
+) -> VersionOut:
+    """Add a succeeded train job's best or last checkpoint; the model is created on first use."""
+    try:
+        version = registry.register(
+            session=session, name=name, job_id=body.job, checkpoint=body.checkpoint
+        )
+    except registry.RegistryError as error:
+        raise api_error(error) from error
+    _committed(session)  # `name` now means this version
+    job = session.get(Job, version.job_id)
+    assert job is not None  # the foreign key keeps it
+    return _version_out(version, job)
+
+
+@router.put(
+    "/{name}/aliases/{alias}",
+    summary="Point an alias at a version",
+    responses=responses(401, 403, 404, 422),
+)
+def set_alias(
+    name: str, alias: str, body: Annotated[AliasIn, Body()], session: SessionDep, _: TrainKey
+) -> AliasOut:
+    """Create or move an alias; the next prediction through it uses the new version."""
+    try:
+        row = registry.set_alias(session=session, name=name, alias=alias, version=body.version)
+    except registry.RegistryError as error:
+        raise api_error(error) from error
+    _committed(session)
+    return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
+
+
+@router.delete(
+    "/{name}/aliases/{alias}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Remove an alias",
+    responses=responses(401, 403, 404, 422),
+)
+def delete_alias(name: str, alias: str, session: SessionDep, _: TrainKey) -> None:
+    """Predictions through `name@alias` answer 404 from now on."""
+    try:
+        registry.delete_alias(session=session, name=name, alias=alias)
+    except registry.RegistryError as error:
+        raise api_error(error) from error
+    _committed(session)
+
+
+@router.delete(
+    "/{name}/versions/{version}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Remove a version no alias points to",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def delete_version(name: str, version: int, session: SessionDep, _: TrainKey) -> None:
+    """Remove the version (its job and checkpoint stay); 409 while an alias points to it."""
+    try:
+        registry.delete_version(session=session, name=name, version=version)
+    except registry.RegistryError as error:
+        raise api_error(error) from error
+    _committed(session)
+
+
+def _committed(session: Session) -> None:
+    """Commit a registry write, then drop this process's resolved references."""
+    # After the commit: a prediction resolving meanwhile reads the new state, or is not kept.
+    session.commit()
+    REFS.clear()
+
+
+def _described(session: Session, model: RegisteredModel) -> RegisteredModelOut:
+    """A model row with its versions and aliases."""
+    versions = session.execute(
+        select(ModelVersion, Job)
+        .join(Job, Job.id == ModelVersion.job_id)
+        .where(ModelVersion.model_id == model.id)
+        .order_by(ModelVersion.version)
+    ).all()
+    numbers = {version.id: version.version for version, _ in versions}
+    aliases = session.scalars(
+        select(ModelAlias).where(ModelAlias.model_id == model.id).order_by(ModelAlias.alias)
+    )
+    return RegisteredModelOut(
+        name=model.name,
+        created_at=model.created_at,
+        versions=[_version_out(version, job) for version, job in versions],
+        aliases=[
+            AliasOut(alias=a.alias, version=numbers[a.version_id], updated_at=a.updated_at)
+            for a in aliases
+        ],
+    )
+
+
+def _version_out(version: ModelVersion, job: Job) -> VersionOut:
+    """A version row with its job's model, dataset and results."""
+    error = job.best_test_error if version.checkpoint == "best" else job.final_test_error
+    return VersionOut.model_validate(
+        {
+            "version": version.version,
+            "job_id": version.job_id,
+            "checkpoint": version.checkpoint,
+            "step": version.step,
+            "sha256": version.sha256,
+            "model": job.model_name,
+            "dataset": job.dataset_name,
+            "test_error": error,
+            "params": job.params,
+            "created_at": version.created_at,
+        }
+    )

@@ -1,0 +1,485 @@
+"""Prediction over HTTP with a model a real worker trained: accuracy, equality with the
+evaluation engine, alias switches under load, bad inputs, limits, the cache and scopes.
+
+A `resnet-service worker` process trains ResNet-8 on digits once for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+from PIL import Image
+from sqlalchemy import select, update
+from typer.testing import CliRunner
+
+from api.app import create_app
+from api.inference import Closed, MicroBatcher, RefCache, Served
+from api.routers import predict as predict_route
+from api.routers.predict import OverloadedError
+from cli.main import app
+from core import registry
+from core.db.session import session_scope
+from core.db.tables import ModelVersion, RegisteredModel
+from core.settings import Settings
+from core.specs import TrainJobSpec
+from tests.api.conftest import make_key, new_job
+from tests.api.test_registry import trained_job
+from tests.worker.support import (
+    WorkerProcess,
+    recipe,
+    service_env,
+    submit,
+    wait_for,
+    wait_status,
+)
+from training.data import TensorSplit
+from training.datasets import load_dataset
+from training.evaluate import predict_logits
+from training.pipeline import make_batches
+from training.runs import load_trained_model
+from training.specs import DigitsSpec
+
+pytestmark = pytest.mark.slow
+
+PREDICT = "/api/v1/predict"
+MAX_FILES = 16
+MAX_IMAGE_BYTES = 64 * 1024
+DIGITS = DigitsSpec(name="digits", validation=0)
+
+
+@pytest.fixture(scope="module")
+def settings(settings: Settings) -> Settings:
+    """The API's settings with small prediction limits, so the tests can pass them."""
+    return settings.model_copy(
+        update={"predict_max_files": MAX_FILES, "predict_max_image_bytes": MAX_IMAGE_BYTES}
+    )
+
+
+@pytest.fixture(scope="module")
+def digits_job(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> uuid.UUID:
+    """ResNet-8 trained on digits (10 epochs) by a real worker process, once."""
+    spec = TrainJobSpec.model_validate(
+        {
+            "model": {"name": "resnet8"},
+            "dataset": {"name": "digits", "validation": 0},
+            "recipe": recipe(epochs=10),
+        }
+    )
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    worker = WorkerProcess("predict", service_env(settings, settings.artifact_dir), log)
+    try:
+        worker.wait_ready()
+        job_id = submit(settings, spec)
+        wait_status(settings.database_url, job_id, "succeeded", timeout=180)
+    finally:
+        worker.stop()
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def registered(client: TestClient, settings: Settings, digits_job: uuid.UUID) -> uuid.UUID:
+    """digits/1 (the worker's best checkpoint) as `production`, digits/2 another net."""
+    for job_id in (digits_job, trained_job(settings)):
+        answer = client.post("/api/v1/registry/digits/versions", json={"job": str(job_id)})
+        assert answer.status_code == 201, answer.text
+    moved = client.put("/api/v1/registry/digits/aliases/production", json={"version": 1})
+    assert moved.status_code == 200, moved.text
+    return digits_job
+
+
+@pytest.fixture(scope="module")
+def predictor(anonymous: TestClient, settings: Settings) -> Iterator[TestClient]:
+    """A client of the module's app with a predict key."""
+    key = make_key(settings.database_url, "predict", "read")
+    with TestClient(anonymous.app, headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client
+
+
+def png(image: Image.Image) -> bytes:
+    """The image as PNG bytes."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A tiny PNG whose header declares `width` x `height` pixels (a decompression bomb)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = chunk(b"IDAT", zlib.compress(b"\0"))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
+
+
+def digit_test_split(root: Path) -> TensorSplit:
+    """The digits test split, as the training run saw it (same spec, same seed)."""
+    test = load_dataset(DIGITS, data_root=root).test
+    assert isinstance(test, TensorSplit)
+    return test
+
+
+def as_files(pngs: list[tuple[str, bytes]]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    """A multipart `files` list."""
+    return [("files", (name, data, "image/png")) for name, data in pngs]
+
+
+def digit_png(test: TensorSplit, index: int) -> bytes:
+    """Test image `index` rendered as an 8x8 grayscale PNG."""
+    return png(Image.fromarray(test.images[index][0].numpy(), mode="L"))
+
+
+def engine_probabilities(path: Path, test: TensorSplit) -> torch.Tensor:
+    """The evaluation engine's class probabilities for the whole test split."""
+    model, info, _ = load_trained_model(path)
+    batches = make_batches(
+        test,
+        info,
+        batch_size=len(test.labels),
+        device=torch.device("cpu"),
+        augment=False,
+        shuffle=False,
+        drop_last=False,
+        seed=0,
+    )
+    ((x, _),) = list(batches.epoch(0))
+    with torch.no_grad():
+        return predict_logits(model, x).softmax(1)
+
+
+def test_digits_are_classified_as_the_evaluation_engine_does(
+    predictor: TestClient, registered: uuid.UUID, settings: Settings, tmp_path: Path
+) -> None:
+    test = digit_test_split(tmp_path)
+    correct, answered = 0, []
+    for start in range(0, len(test.labels), MAX_FILES):
+        indices = range(start, min(start + MAX_FILES, len(test.labels)))
+        files = as_files([(f"digit-{i}.png", digit_png(test, i)) for i in indices])
+        answer = predictor.post(PREDICT, params={"model": "digits@production"}, files=files)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        for index, result in zip(indices, body["results"], strict=True):
+            assert (result["file"], result["resize"], result["error"]) == (
+                f"digit-{index}.png",
+                "none",
+                None,
+            )
+            correct += result["top_k"][0]["index"] == int(test.labels[index])
+            answered.append(result["top_k"])
+    assert correct / len(test.labels) >= 0.95
+
+    served = body["model"]
+    assert (served["ref"], served["name"], served["version"]) == ("digits@production", "digits", 1)
+    assert served["job_id"] == str(registered)
+    assert body["preprocessing"]["channels"] == 1
+    assert body["preprocessing"]["input_size"] == [8, 8]
+    assert body["timing"]["total_ms"] >= body["timing"]["queue_forward_ms"] > 0
+    # The same probabilities as the evaluation engine on the same checkpoint and images.
+    best = settings.artifact_dir / "jobs" / str(registered) / "checkpoints" / "best.pt"
+    engine = engine_probabilities(best, test)
+    for row, top in zip(engine, answered, strict=True):
+        assert len(top) == 5
+        assert [t["index"] for t in top] == row.topk(5).indices.tolist()
+        expected = row.topk(5).values.tolist()
+        assert [t["probability"] for t in top] == pytest.approx(expected, abs=1e-5)
+        assert top[0]["label"] == str(top[0]["index"])
+
+
+def test_a_loaded_model_is_not_loaded_again(
+    predictor: TestClient, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    files = as_files([("a.png", digit_png(digit_test_split(tmp_path), 0))])
+    ref = {"model": str(registered), "top_k": 2}
+    assert predictor.post(PREDICT, params=ref, files=files).status_code == 200
+    loads = predictor.app.state.model_cache.loads  # type: ignore[attr-defined]
+    answer = predictor.post(PREDICT, params=ref, files=files)
+    assert answer.status_code == 200
+    assert len(answer.json()["results"][0]["top_k"]) == 2
+    assert answer.json()["model"]["version"] is None  # a job id reference
+    assert predictor.app.state.model_cache.loads == loads  # type: ignore[attr-defined]
+    stats = predictor.get(f"{PREDICT}/stats").json()
+    assert stats["loads"] == loads
+    assert sum(m["images"] for m in stats["models"]) > 0
+
+
+def test_moving_the_alias_under_load_fails_no_request(
+    predictor: TestClient, client: TestClient, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    files = as_files([("seven.png", digit_png(digit_test_split(tmp_path), 7))])
+    headers = dict(predictor.headers)
+
+    async def fire() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=predictor.app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=headers
+        ) as http:
+
+            async def one() -> httpx.Response:
+                return await http.post(PREDICT, params={"model": "digits@production"}, files=files)
+
+            async def flip() -> None:
+                for n in range(20):
+                    await asyncio.to_thread(
+                        client.put,
+                        "/api/v1/registry/digits/aliases/production",
+                        json={"version": 2 - n % 2},
+                    )
+
+            answers, _ = await asyncio.gather(asyncio.gather(*(one() for _ in range(100))), flip())
+            return list(answers)
+
+    answers = asyncio.run(fire())
+    assert [a.status_code for a in answers] == [200] * 100, [a.text for a in answers][:3]
+    versions = {a.json()["model"]["version"] for a in answers}
+    assert versions <= {1, 2}
+    assert len(versions) == 2, "the alias moves while requests are served"
+    client.put("/api/v1/registry/digits/aliases/production", json={"version": 1})
+
+
+BOMB = png_header(20_000, 20_000)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "status", "message"),
+    [
+        ("empty.png", b"", 400, "empty.png: the file is empty"),
+        ("notes.txt", b"hello, I am text", 415, "notes.txt: not an image"),
+        ("cut.png", png(Image.new("L", (64, 64), 3))[:60], 400, "cut.png: the image is truncated"),
+        ("bomb.png", BOMB, 413, "bomb.png: over the limit"),
+        ("big.png", b"\x89PNG" + bytes(MAX_IMAGE_BYTES), 413, "big.png: 65,540 bytes is over"),
+    ],
+)
+def test_a_bad_file_alone_fails_the_request_naming_it(
+    predictor: TestClient, registered: uuid.UUID, name: str, data: bytes, status: int, message: str
+) -> None:
+    started = time.perf_counter()
+    answer = predictor.post(
+        PREDICT, params={"model": "digits@production"}, files=as_files([(name, data)])
+    )
+    assert time.perf_counter() - started < 1  # the bomb is refused from its header
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert message in error["message"]
+    assert error["details"][0]["loc"] == ["body", "files", 0]
+
+
+def test_good_files_are_answered_beside_bad_ones(
+    predictor: TestClient, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    good = digit_png(digit_test_split(tmp_path), 3)
+    files = as_files([("bad.txt", b"text"), ("good.png", good), ("empty.png", b"")])
+    answer = predictor.post(PREDICT, params={"model": "digits"}, files=files)
+    assert answer.status_code == 200, answer.text
+    bad, fine, empty = answer.json()["results"]
+    assert (bad["file"], bad["top_k"], bad["error"]["status"]) == ("bad.txt", [], 415)
+    assert (fine["error"], len(fine["top_k"])) == (None, 5)
+    assert empty["error"] == {"status": 400, "message": "empty.png: the file is empty"}
+    assert answer.json()["model"]["version"] == 2  # `digits` is its latest version
+
+
+def _many_files(count: int) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return as_files([(f"f{i}.png", b"x") for i in range(count)])
+
+
+@pytest.mark.parametrize(
+    ("params", "files", "status", "message"),
+    [
+        ({"model": "nobody"}, None, 404, "model 'nobody' is not registered"),
+        ({"model": "digits/9"}, None, 404, "has no version 9"),
+        ({"model": "digits@staging"}, None, 404, "has no alias 'staging'"),
+        ({"model": str(uuid.uuid4())}, None, 404, "does not exist"),
+        ({"model": "../etc/passwd"}, None, 422, "must be a job id, name"),
+        ({"model": "digits"}, _many_files(MAX_FILES + 1), 413, "17 files is over the limit of 16"),
+        ({"model": "digits"}, [], 422, "files"),
+        ({"model": "digits", "top_k": 0}, None, 422, "top_k"),
+    ],
+)
+def test_requests_that_cannot_be_served(
+    predictor: TestClient,
+    registered: uuid.UUID,
+    tmp_path: Path,
+    params: dict[str, Any],
+    files: list[Any] | None,
+    status: int,
+    message: str,
+) -> None:
+    if files is None:
+        files = as_files([("a.png", digit_png(digit_test_split(tmp_path), 0))])
+    answer = predictor.post(PREDICT, params=params, files=files or None)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]["message"]
+
+
+def test_a_job_that_has_not_succeeded_cannot_serve(
+    predictor: TestClient, settings: Settings, registered: uuid.UUID
+) -> None:
+    queued = new_job(settings.database_url)
+    answer = predictor.post(
+        PREDICT, params={"model": str(queued)}, files=as_files([("a.png", b"x")])
+    )
+    assert answer.status_code == 409
+    assert "queued train job" in answer.json()["error"]["message"]
+
+
+def test_an_oversized_body_is_refused_and_the_service_keeps_answering(
+    predictor: TestClient, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    huge = [("files", (f"f{i}.png", bytes(MAX_IMAGE_BYTES), "image/png")) for i in range(20)]
+    answer = predictor.post(PREDICT, params={"model": "digits"}, files=huge)
+    assert answer.status_code == 413
+    assert "request body is larger than the limit" in answer.json()["error"]["message"]
+
+    # A streamed body without a Content-Length is counted as it arrives.
+    def chunks() -> Iterator[bytes]:
+        yield b"--x\r\nContent-Disposition: form-data; name=files; filename=a.png\r\n\r\n"
+        for _ in range(20):
+            yield bytes(MAX_IMAGE_BYTES)
+
+    headers = {"Content-Type": "multipart/form-data; boundary=x"}
+    streamed = predictor.post(
+        PREDICT, params={"model": "digits"}, content=chunks(), headers=headers
+    )
+    assert streamed.status_code == 413
+
+    files = as_files([("a.png", digit_png(digit_test_split(tmp_path), 0))])
+    assert predictor.post(PREDICT, params={"model": "digits"}, files=files).status_code == 200
+
+
+def test_a_checkpoint_outside_the_artifact_store_is_never_opened(
+    predictor: TestClient, client: TestClient, settings: Settings, registered: uuid.UUID
+) -> None:
+    answer = client.post("/api/v1/registry/moved/versions", json={"job": str(registered)})
+    assert answer.status_code == 201
+    with session_scope(settings.database_url) as session:
+        moved = select(RegisteredModel.id).where(RegisteredModel.name == "moved")
+        session.execute(
+            update(ModelVersion)
+            .where(ModelVersion.model_id == moved.scalar_subquery())
+            .values(path="/etc/passwd")
+        )
+    refused = predictor.post(PREDICT, params={"model": "moved"}, files=as_files([("a", b"x")]))
+    assert refused.status_code == 409
+    assert "outside the artifact store" in refused.json()["error"]["message"]
+
+
+def test_scopes(
+    anonymous: TestClient, settings: Settings, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    reader = {"Authorization": f"Bearer {make_key(settings.database_url, 'read')}"}
+    files = as_files([("a.png", digit_png(digit_test_split(tmp_path), 0))])
+    params = {"model": "digits"}
+    assert anonymous.post(PREDICT, params=params, files=files).status_code == 401
+    refused = anonymous.post(PREDICT, params=params, files=files, headers=reader)
+    assert refused.status_code == 403
+    assert "'predict' scope" in refused.json()["error"]["message"]
+    register = anonymous.post(
+        "/api/v1/registry/digits/versions", json={"job": str(registered)}, headers=reader
+    )
+    assert register.status_code == 403
+
+
+@pytest.fixture(scope="module")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The module's API served by uvicorn on a free local port, in a thread."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), 20, "uvicorn to start")
+    assert thread.is_alive()
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(20)
+
+
+def test_the_command_line_client_prints_a_table_per_image(
+    live_url: str, settings: Settings, registered: uuid.UUID, tmp_path: Path
+) -> None:
+    key = make_key(settings.database_url, "predict")
+    good = tmp_path / "seven.png"
+    good.write_bytes(digit_png(digit_test_split(tmp_path), 7))
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not an image")
+    args = ["predict", str(good), "--model", "digits@production", "--top-k", "3"]
+    result = CliRunner().invoke(app, [*args, "--url", live_url, "--key", key])
+    assert result.exit_code == 0, result.output
+    assert "digits@production -> digits/1" in result.output
+    assert "seven.png (resize: none)" in result.output
+    assert result.output.count("%") == 3
+    mixed = CliRunner().invoke(app, [*args, str(bad), "--url", live_url, "--key", key])
+    assert mixed.exit_code == 1
+    assert "notes.txt: not an image" in mixed.output
+
+
+def test_a_resolution_that_straddles_a_registry_write_is_not_kept() -> None:
+    refs = RefCache()
+    target = registry.Resolved("m", uuid.uuid4(), "m", 1, "/x.pt", "0" * 64, 1)
+    before = refs.generation
+    refs.clear()  # a registry write committed while the reference was being resolved
+    refs.put(("db", "m"), target, before)
+    assert refs.get(("db", "m"), ttl_s=60) is None
+    refs.put(("db", "m"), target, refs.generation)
+    assert refs.get(("db", "m"), ttl_s=60) == target
+    assert refs.get(("db", "m"), ttl_s=0) is None
+
+
+def test_a_cancelled_request_does_not_stop_the_batcher() -> None:
+    release = threading.Event()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        release.wait(5)
+        return x
+
+    batcher = MicroBatcher(forward, max_batch=1)
+    running = batcher.submit(torch.zeros(1, 1, 1, 1))  # blocks the thread in forward
+    wait_for(lambda: batcher.queue.qsize() == 0, 5, "the first request to be taken")
+    gone = batcher.submit(torch.ones(1, 1, 1, 1))
+    assert gone.cancel()  # its client disconnected while it waited
+    release.set()
+    assert running.result(timeout=5).shape == (1, 1, 1, 1)
+    assert batcher.submit(torch.zeros(1, 1, 1, 1)).result(timeout=5).shape == (1, 1, 1, 1)
+    batcher.close()
+    with pytest.raises(Closed):
+        batcher.submit(torch.zeros(1, 1, 1, 1))
+
+
+def test_a_full_queue_answers_503_with_retry_after() -> None:
+    release = threading.Event()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        release.wait(5)
+        return x
+
+    batcher = MicroBatcher(forward, max_batch=1, max_queue=1)
+    served = Served(predictor=None, batcher=batcher)  # type: ignore[arg-type]
+    batch = torch.zeros(1, 1, 1, 1)
+    taken = batcher.submit(batch)
+    wait_for(lambda: batcher.queue.qsize() == 0, 5, "the first request to be taken")
+    batcher.submit(batch)  # fills the queue
+    with pytest.raises(OverloadedError) as refused:
+        predict_route._submit(served, batch)
+    assert refused.value.status == 503
+    assert refused.value.headers == {"Retry-After": "1"}
+    release.set()
+    taken.result(timeout=5)
+    batcher.close()

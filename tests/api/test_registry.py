@@ -1,0 +1,144 @@
+"""The model registry over HTTP: register, alias, list, delete, and who may do what."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core import jobs
+from core.db.session import session_scope
+from core.settings import Settings
+from tests.api.conftest import artifact_folder, claim, finish, make_key, new_job
+from training import checkpoints
+from training.datasets import load_dataset
+from training.events import RecordingSink
+from training.loop import fit
+from training.specs import TrainSpec
+
+TINY = {
+    "model": {"name": "resnet8"},
+    "dataset": {"name": "synthetic", "image_size": 8, "train_size": 32, "test_size": 8},
+    "recipe": {"iterations": 2, "batch_size": 16, "checkpoint_every": 1},
+}
+
+
+def trained_job(settings: Settings) -> uuid.UUID:
+    """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files."""
+    url = settings.database_url
+    job_id = new_job(url, model={"name": "resnet8"})
+    token = claim(url, job_id)
+    out = artifact_folder(settings, job_id)
+    spec = TrainSpec.model_validate(TINY)
+    fit(spec, load_dataset(spec.dataset, data_root=out), out_dir=out, sink=RecordingSink())
+    folder = out / "checkpoints"
+    saved = [(1, folder / "step-1.pt", False), (2, folder / checkpoints.BEST, True)]
+    kept = [str(path) for _, path, _ in saved]
+    with session_scope(url) as session:
+        for step, path, is_best in saved:
+            jobs.record_checkpoint(
+                session=session,
+                job_id=job_id,
+                token=token,
+                step=step,
+                epoch=step,
+                path=str(path),
+                sha256=checkpoints.sha256_of(path),
+                size=path.stat().st_size,
+                is_best=is_best,
+                kept=kept,
+            )
+    finish(url, job_id, token, best_test_error=0.5, final_test_error=0.6, params=75_002)
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def job_id(settings: Settings) -> uuid.UUID:
+    """One succeeded job for the module's registrations."""
+    return trained_job(settings)
+
+
+def test_register_alias_list_and_delete(client: TestClient, job_id: uuid.UUID) -> None:
+    first = client.post("/api/v1/registry/digits-net/versions", json={"job": str(job_id)})
+    assert first.status_code == 201, first.text
+    assert first.json()["version"] == 1
+    assert first.json()["checkpoint"] == "best"
+    last = client.post(
+        "/api/v1/registry/digits-net/versions", json={"job": str(job_id), "checkpoint": "last"}
+    )
+    assert last.json()["version"] == 2
+    alias = client.put("/api/v1/registry/digits-net/aliases/production", json={"version": 1})
+    assert alias.status_code == 200, alias.text
+    assert alias.json()["version"] == 1
+
+    listed = client.get("/api/v1/registry").json()
+    (model,) = [m for m in listed if m["name"] == "digits-net"]
+    assert [v["version"] for v in model["versions"]] == [1, 2]
+    version = model["versions"][0]
+    assert (version["job_id"], version["model"], version["dataset"]) == (
+        str(job_id),
+        "resnet8",
+        "digits",
+    )
+    assert (version["test_error"], version["params"], version["step"]) == (0.5, 75_002, 2)
+    assert model["versions"][1]["test_error"] == 0.6
+    assert len(version["sha256"]) == 64
+    assert [(a["alias"], a["version"]) for a in model["aliases"]] == [("production", 1)]
+    assert client.get("/api/v1/registry/digits-net").json() == model
+
+    refused = client.delete("/api/v1/registry/digits-net/versions/1")
+    assert refused.status_code == 409
+    assert "production" in refused.json()["error"]["message"]
+    assert (
+        client.put("/api/v1/registry/digits-net/aliases/production", json={"version": 2}).json()[
+            "version"
+        ]
+        == 2
+    )
+    assert client.delete("/api/v1/registry/digits-net/versions/1").status_code == 204
+    assert client.delete("/api/v1/registry/digits-net/aliases/production").status_code == 204
+    assert client.delete("/api/v1/registry/digits-net/versions/2").status_code == 204
+    assert client.get("/api/v1/registry/digits-net").json()["versions"] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/api/v1/registry/x/versions", {"job": str(uuid.uuid4())}, 422, "not a train job"),
+        ("/api/v1/registry/bad name!/versions", None, 422, "must match"),
+        ("/api/v1/registry/nobody/aliases/prod", {"version": 1}, 404, "not registered"),
+        ("/api/v1/registry/x/versions", {"job": "nope"}, 422, "job"),
+    ],
+)
+def test_registry_errors_use_the_shared_shape(
+    client: TestClient,
+    job_id: uuid.UUID,
+    path: str,
+    body: dict[str, str] | None,
+    status: int,
+    message: str,
+) -> None:
+    method = client.put if "aliases" in path else client.post
+    answer = method(path, json=body or {"job": str(job_id)})
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]["message"]
+
+
+def test_a_job_that_has_not_succeeded_does_not_register(
+    client: TestClient, settings: Settings
+) -> None:
+    queued = new_job(settings.database_url)
+    answer = client.post("/api/v1/registry/x/versions", json={"job": str(queued)})
+    assert answer.status_code == 409
+    assert "queued" in answer.json()["error"]["message"]
+
+
+def test_scopes(anonymous: TestClient, settings: Settings, job_id: uuid.UUID) -> None:
+    reader = {"Authorization": f"Bearer {make_key(settings.database_url, 'read')}"}
+    body = {"job": str(job_id)}
+    assert anonymous.post("/api/v1/registry/m/versions", json=body).status_code == 401
+    refused = anonymous.post("/api/v1/registry/m/versions", json=body, headers=reader)
+    assert refused.status_code == 403
+    assert "'train' scope" in refused.json()["error"]["message"]
+    assert anonymous.get("/api/v1/registry", headers=reader).status_code == 200
