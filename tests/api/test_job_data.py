@@ -255,3 +255,19 @@ def test_checkpoints_are_listed_and_delete_removes_rows_and_files(
     assert _row_counts(url, job_id) == [0, 0, 0]
     assert not folder.exists()
     assert client.delete(f"{JOBS}/{job_id}").status_code == 404
+
+
+def test_long_curves_are_sampled_at_written_points(client: TestClient, settings: Settings) -> None:
+    url = settings.database_url
+    job_id = new_job(url)
+    token = claim(url, job_id)
+    # 400 points spread over 400,000 steps: past the span where bucket means pay off.
+    written = {step: float(step % 7) for step in range(1000, 400_001, 1000)}
+    _write(url, job_id, token, [jobs.Point("train/loss", s, v) for s, v in written.items()])
+    params = {"names": "train/loss", "max_points": 50}
+    series = client.get(f"{JOBS}/{job_id}/metrics", params=params).json()["series"]["train/loss"]
+    assert 40 <= len(series["steps"]) <= 50
+    assert series["steps"] == sorted(series["steps"])
+    assert series["steps"][0] == 1000
+    # Samples are points that were written (Postgres), not bucket means.
+    assert all(written[s] == v for s, v in zip(series["steps"], series["values"], strict=True))
