@@ -59,10 +59,14 @@ def evaluate_checkpoint(
     device: torch.device | None = None,
     tta_flip: bool = False,
     download: bool = False,
+    sha256: str | None = None,
 ) -> Evaluation:
-    """Evaluate a checkpoint on `dataset.split`, preprocessing as its training did."""
+    """Evaluate a checkpoint on `dataset.split`, preprocessing as its training did.
+
+    With `sha256`, the file must have it (the service passes the database's record).
+    """
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, trained_on, _ = load_trained_model(path, device=device)
+    model, trained_on, _ = load_trained_model(path, sha256=sha256, device=device)
     data = load_dataset(dataset, data_root=data_root, download=download)
     if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
         raise ValueError(

@@ -39,12 +39,10 @@ from training.checkpoints import CheckpointInfo
 from training.data import LoadedDataset
 from training.datasets import load_dataset
 from training.evaluate import Evaluation
-from training.evaluate import evaluate as evaluate_model
 from training.events import EventSink
 from training.loop import fit
-from training.pipeline import make_batches
 from training.recipe import total_iterations
-from training.runs import load_trained_model
+from training.runs import evaluate_checkpoint
 from training.specs import DatasetSpec
 
 log = logging.getLogger(__name__)
@@ -52,7 +50,6 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 1.0  # a metric point waits at most this long before it is written...
 FLUSH_POINTS = 500  # ...or until this many points are buffered
 CANCEL_GRACE_SECONDS = 30.0  # a job still running this long after a cancel is ended by force
-EVAL_BATCH = 512
 
 # Time limits from a job's budget. Any device the service runs on is assumed to train at
 # least this many multiply-accumulates per second (the CPU figure is 25x below what two
@@ -498,31 +495,16 @@ def evaluate_verified(
     tta_flip: bool = False,
     download: bool = False,
 ) -> Evaluation:
-    """Evaluate a checkpoint whose sha256 must be `sha256` (training.runs' evaluate, fenced)."""
-    model, trained_on, _ = load_trained_model(path, sha256=sha256, device=device)
-    data = load_dataset(dataset, data_root=data_root, download=download)
-    if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
-        raise ValueError(
-            f"the checkpoint was trained on {trained_on.name} ({trained_on.num_classes} "
-            f"classes, {trained_on.channels} channels); {data.info.name} has "
-            f"{data.info.num_classes} classes and {data.info.channels} channels"
-        )
-    split = data.split(dataset.split)
-    if len(split) == 0:
-        raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
-    # The checkpoint's normalisation, not one recomputed from the evaluation data.
-    batches = make_batches(
-        split,
-        trained_on,
-        batch_size=EVAL_BATCH,
+    """Evaluate a checkpoint whose sha256 must be `sha256` (the database's record)."""
+    return evaluate_checkpoint(
+        path,
+        dataset,
+        data_root=data_root,
         device=device,
-        augment=False,
-        shuffle=False,
-        drop_last=False,
-        seed=0,
+        tta_flip=tta_flip,
+        download=download,
+        sha256=sha256,
     )
-    result = evaluate_model(model, batches, trained_on.num_classes, tta_flip=tta_flip)
-    return dataclasses.replace(result, classes=list(trained_on.classes))
 
 
 def evaluation_metrics(result: Evaluation, split: str) -> dict[str, float]:
