@@ -25,3 +25,8 @@ def test_an_outdated_schema_is_refused(database_url: str) -> None:
     with pytest.raises(schema.SchemaOutdated, match="run `resnet-service migrate`"):
         schema.check_current(database_url)
     schema.upgrade(database_url)
+
+
+def test_the_tables_and_the_migrations_agree(database_url: str) -> None:
+    # Raises when autogenerate would find a difference (a table changed without a migration).
+    command.check(schema._config(database_url))
