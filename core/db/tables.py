@@ -118,9 +118,7 @@ class Metric(Base):
 
     # The value rides in the key's index on Postgres, so reading a sampled curve is an
     # index-only scan (migration 0003).
-    __table_args__ = (
-        PrimaryKeyConstraint("job_id", "name", "step", postgresql_include=["value"]),
-    )
+    __table_args__ = (PrimaryKeyConstraint("job_id", "name", "step", postgresql_include=["value"]),)
 
 
 class Checkpoint(Base):
