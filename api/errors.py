@@ -23,6 +23,7 @@ _CODES = {
     405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
+    415: "unsupported_media_type",
     422: "invalid",
     503: "unavailable",
 }
@@ -62,6 +63,28 @@ class ConflictError(ApiError):
 
 class UnprocessableError(ApiError):
     status = 422
+
+
+class BadImageError(ApiError):
+    status = 400
+
+
+class TooLargeError(ApiError):
+    status = 413
+
+
+class UnsupportedImageError(ApiError):
+    status = 415
+
+
+RETRY_AFTER_S = 1
+
+
+class OverloadedError(ApiError):
+    """The service is busy; the client should retry after `RETRY_AFTER_S`."""
+
+    status = 503
+    headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -20,7 +20,16 @@ from fastapi import APIRouter, File, Query, Request, UploadFile
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import PredictKey, ReadKey, SettingsDep
-from api.errors import ApiError, ConflictError, responses
+from api.errors import (
+    RETRY_AFTER_S,
+    ApiError,
+    BadImageError,
+    ConflictError,
+    OverloadedError,
+    TooLargeError,
+    UnsupportedImageError,
+    responses,
+)
 from api.inference import REFS, Closed, ModelCache, Overloaded, Served
 from api.routers.registry import api_error
 from api.schemas import (
@@ -28,7 +37,6 @@ from api.schemas import (
     BatcherStats,
     ClassScore,
     ErrorDetail,
-    ErrorOut,
     ImageError,
     ImagePrediction,
     PredictOut,
@@ -46,27 +54,6 @@ from training.inference import ImageRejectedError, fit_to, open_checked
 router = APIRouter(prefix=f"{API_PREFIX}/predict", tags=["predict"])
 PATH = router.prefix  # the body limit of this exact path is sized by `body_limit`
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers of a full request, generously
-RETRY_AFTER_S = 1
-
-
-class BadImageError(ApiError):
-    status = 400
-
-
-class TooLargeError(ApiError):
-    status = 413
-
-
-class UnsupportedImageError(ApiError):
-    status = 415
-
-    def __init__(self, message: str, *, details: list[ErrorDetail] | None = None) -> None:
-        super().__init__(message, code="unsupported_media_type", details=details)
-
-
-class OverloadedError(ApiError):
-    status = 503
-    headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
 
 
 _FILE_ERRORS: dict[int, type[ApiError]] = {
@@ -91,12 +78,9 @@ class _Image:
     error: ImageRejectedError | None = None
 
 
-def _responses() -> dict[int | str, dict[str, Any]]:
-    unsupported = {"model": ErrorOut, "description": "unsupported_media_type"}
-    return {**responses(400, 401, 403, 404, 409, 413, 422, 503), 415: unsupported}
-
-
-@router.post("", summary="Classify images", responses=_responses())
+@router.post(
+    "", summary="Classify images", responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
+)
 async def predict(
     request: Request,
     files: Annotated[list[UploadFile], File(description="One or more PNG/JPEG/WebP/BMP.")],
