@@ -28,9 +28,9 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from api.app import create_app
+from api.errors import OverloadedError
 from api.inference import Closed, MicroBatcher, RefCache, Served
 from api.routers import predict as predict_route
-from api.routers.predict import OverloadedError
 from cli.main import app
 from core import registry
 from core.db.session import session_scope
