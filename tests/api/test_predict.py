@@ -234,16 +234,22 @@ def test_moving_the_alias_under_load_fails_no_request(
             async def one() -> httpx.Response:
                 return await http.post(PREDICT, params={"model": "digits@production"}, files=files)
 
-            async def flip() -> None:
-                for n in range(20):
-                    await asyncio.to_thread(
-                        client.put,
-                        "/api/v1/registry/digits/aliases/production",
-                        json={"version": 2 - n % 2},
-                    )
+            async def flip(version: int) -> None:
+                await asyncio.to_thread(
+                    client.put,
+                    "/api/v1/registry/digits/aliases/production",
+                    json={"version": version},
+                )
 
-            answers, _ = await asyncio.gather(asyncio.gather(*(one() for _ in range(100))), flip())
-            return list(answers)
+            # Ten rounds of ten concurrent requests, each round racing one alias move: the
+            # rounds alternate the version, so both are served whatever the timing.
+            answers: list[httpx.Response] = []
+            for n in range(10):
+                wave, _ = await asyncio.gather(
+                    asyncio.gather(*(one() for _ in range(10))), flip(2 - n % 2)
+                )
+                answers += wave
+            return answers
 
     answers = asyncio.run(fire())
     assert [a.status_code for a in answers] == [200] * 100, [a.text for a in answers][:3]
