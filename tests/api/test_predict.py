@@ -7,13 +7,10 @@ A `resnet-service worker` process trains ResNet-8 on digits once for the module.
 from __future__ import annotations
 
 import asyncio
-import io
 import socket
-import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ from core.db.session import session_scope
 from core.db.tables import ModelVersion, RegisteredModel
 from core.settings import Settings
 from core.specs import TrainJobSpec
+from tests import images
 from tests.api.conftest import make_key, new_job
 from tests.api.test_registry import trained_job
 from tests.worker.support import (
@@ -49,8 +47,6 @@ from tests.worker.support import (
 )
 from training.data import TensorSplit
 from training.datasets import load_dataset
-from training.evaluate import predict_logits
-from training.pipeline import make_batches
 from training.runs import load_trained_model
 from training.specs import DigitsSpec
 
@@ -110,25 +106,6 @@ def predictor(anonymous: TestClient, settings: Settings) -> Iterator[TestClient]
         yield client
 
 
-def png(image: Image.Image) -> bytes:
-    """The image as PNG bytes."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A tiny PNG whose header declares `width` x `height` pixels (a decompression bomb)."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + body))
-        return struct.pack(">I", len(body)) + kind + body + crc
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    idat = chunk(b"IDAT", zlib.compress(b"\0"))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
-
-
 def digit_test_split(root: Path) -> TensorSplit:
     """The digits test split, as the training run saw it (same spec, same seed)."""
     test = load_dataset(DIGITS, data_root=root).test
@@ -143,25 +120,13 @@ def as_files(pngs: list[tuple[str, bytes]]) -> list[tuple[str, tuple[str, bytes,
 
 def digit_png(test: TensorSplit, index: int) -> bytes:
     """Test image `index` rendered as an 8x8 grayscale PNG."""
-    return png(Image.fromarray(test.images[index][0].numpy(), mode="L"))
+    return images.encode(Image.fromarray(test.images[index][0].numpy(), mode="L"))
 
 
 def engine_probabilities(path: Path, test: TensorSplit) -> torch.Tensor:
     """The evaluation engine's class probabilities for the whole test split."""
     model, info, _ = load_trained_model(path)
-    batches = make_batches(
-        test,
-        info,
-        batch_size=len(test.labels),
-        device=torch.device("cpu"),
-        augment=False,
-        shuffle=False,
-        drop_last=False,
-        seed=0,
-    )
-    ((x, _),) = list(batches.epoch(0))
-    with torch.no_grad():
-        return predict_logits(model, x).softmax(1)
+    return images.engine_probabilities(model, info, test)
 
 
 def test_digits_are_classified_as_the_evaluation_engine_does(
@@ -259,7 +224,8 @@ def test_moving_the_alias_under_load_fails_no_request(
     client.put("/api/v1/registry/digits/aliases/production", json={"version": 1})
 
 
-BOMB = png_header(20_000, 20_000)
+BOMB = images.png_header(20_000, 20_000)
+TRUNCATED = images.encode(Image.new("L", (64, 64), 3))[:60]
 
 
 @pytest.mark.parametrize(
@@ -267,7 +233,12 @@ BOMB = png_header(20_000, 20_000)
     [
         ("empty.png", b"", 400, "empty.png: the file is empty"),
         ("notes.txt", b"hello, I am text", 415, "notes.txt: not an image"),
-        ("cut.png", png(Image.new("L", (64, 64), 3))[:60], 400, "cut.png: the image is truncated"),
+        (
+            "cut.png",
+            images.encode(Image.new("L", (64, 64), 3))[:60],
+            400,
+            "cut.png: the image is truncated",
+        ),
         ("bomb.png", BOMB, 413, "bomb.png: over the limit"),
         ("big.png", b"\x89PNG" + bytes(MAX_IMAGE_BYTES), 413, "big.png: 65,540 bytes is over"),
     ],

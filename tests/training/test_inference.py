@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
-import struct
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -13,44 +10,20 @@ import pytest
 import torch
 from PIL import Image
 
+from tests import images
 from training import checkpoints
 from training.data import DatasetInfo, TensorSplit
 from training.datasets import load_dataset
-from training.evaluate import predict_logits
 from training.events import RecordingSink
 from training.inference import ImageRejectedError, Predictor, fit_to, open_checked
 from training.loop import fit
-from training.pipeline import make_batches
 from training.specs import TrainSpec
 
 INFO = DatasetInfo("t", ("a", "b"), 3, (8, 8), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
 
 
-def _png(image: Image.Image, fmt: str = "PNG") -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def _png_header(width: int, height: int) -> bytes:
-    """A PNG that declares a huge size in its header and holds almost nothing."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0"))
-        + chunk(b"IEND", b"")
-    )
-
-
 def test_a_valid_png_opens() -> None:
-    image = open_checked(_png(Image.new("RGB", (5, 4), (10, 20, 30))), "ok.png")
+    image = open_checked(images.encode(Image.new("RGB", (5, 4), (10, 20, 30))), "ok.png")
     assert image.size == (5, 4)
 
 
@@ -59,8 +32,8 @@ def test_a_valid_png_opens() -> None:
     [
         (b"", 400, "empty.png: the file is empty"),
         (b"hello, I am text", 415, "not an image"),
-        (_png(Image.new("RGB", (64, 64), (1, 2, 3)))[:60], 400, "truncated"),
-        (_png(Image.new("RGB", (4, 4)), "GIF"), 415, "format GIF is not allowed"),
+        (images.encode(Image.new("RGB", (64, 64), (1, 2, 3)))[:60], 400, "truncated"),
+        (images.encode(Image.new("RGB", (4, 4)), "GIF"), 415, "format GIF is not allowed"),
     ],
 )
 def test_bad_files_are_refused_with_a_status(data: bytes, status: int, message: str) -> None:
@@ -73,11 +46,11 @@ def test_bad_files_are_refused_with_a_status(data: bytes, status: int, message: 
 def test_a_decompression_bomb_is_refused_without_decoding() -> None:
     started = time.perf_counter()
     with pytest.raises(ImageRejectedError, match=r"bomb\.png: over the limit") as excinfo:
-        open_checked(_png_header(20_000, 20_000), "bomb.png")
+        open_checked(images.png_header(20_000, 20_000), "bomb.png")
     assert excinfo.value.status == 413
     # Below Pillow's own bomb threshold, our limit reads the size from the header.
     with pytest.raises(ImageRejectedError, match="7000x7000 pixels is over the limit") as excinfo:
-        open_checked(_png_header(7_000, 7_000), "big.png")
+        open_checked(images.png_header(7_000, 7_000), "big.png")
     assert excinfo.value.status == 413
     assert time.perf_counter() - started < 0.5
 
@@ -119,27 +92,17 @@ def test_prediction_on_png_files_equals_the_evaluation_engine(
 ) -> None:
     path, test = digits_checkpoint
     predictor = Predictor(path, sha256=checkpoints.sha256_of(path))
-    images = test.images[:32]
+    first = test.images[:32]
     decoded = []
-    for image in images:
-        png = _png(Image.fromarray(image[0].numpy(), mode="L"))
+    for image in first:
+        png = images.encode(Image.fromarray(image[0].numpy(), mode="L"))
         array, how = fit_to(open_checked(png, "digit.png"), predictor.info)
         assert how == "none"
         decoded.append(torch.from_numpy(array))
     probabilities = predictor.probabilities(torch.stack(decoded))
-    batches = make_batches(
-        TensorSplit(images, test.labels[:32]),
-        predictor.info,
-        batch_size=32,
-        device=torch.device("cpu"),
-        augment=False,
-        shuffle=False,
-        drop_last=False,
-        seed=0,
+    engine = images.engine_probabilities(
+        predictor.model, predictor.info, TensorSplit(first, test.labels[:32])
     )
-    ((x, _),) = list(batches.epoch(0))
-    with torch.no_grad():
-        engine = predict_logits(predictor.model, x).softmax(1)
     assert torch.equal(probabilities, engine)
     top = predictor.classify(torch.stack(decoded), top_k=3)
     assert [len(t.labels) for t in top] == [3] * 32
