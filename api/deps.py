@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import keys
 from api.errors import ForbiddenError, UnauthorizedError
+from api.inference import RefCache
 from api.keys import Principal
 from core.db.session import get_engine, session_scope
 from core.settings import Settings
@@ -28,6 +29,14 @@ async def _settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+async def _refs(request: Request) -> RefCache:
+    refs: RefCache = request.state.refs  # the lifespan's (see api.app.Serving)
+    return refs
+
+
+RefsDep = Annotated[RefCache, Depends(_refs)]
 
 
 async def _session(settings: SettingsDep) -> AsyncIterator[Session]:

@@ -25,6 +25,7 @@ _CODES = {
     413: "too_large",
     415: "unsupported_media_type",
     422: "invalid",
+    500: "internal",
     503: "unavailable",
 }
 
@@ -75,6 +76,12 @@ class TooLargeError(ApiError):
 
 class UnsupportedImageError(ApiError):
     status = 415
+
+
+class ServerFaultError(ApiError):
+    """The service failed where the request was not at fault (say, a model's forward pass)."""
+
+    status = 500
 
 
 RETRY_AFTER_S = 1

@@ -4,15 +4,17 @@ Makes a ResNet-20 checkpoint (one training step on synthetic 32x32 data, written
 temporary artifact store), records it as a succeeded job of a fresh Postgres database
 (`resnet_bench_<random>`, dropped at the end) and registers it as `bench`. Then, for
 micro-batching on (PREDICT_MAX_BATCH=64) and off (=1), serves the API with uvicorn in a
-subprocess (auth off, one process) and sends single-image 32x32 PNG requests with wrk
-(a Lua script builds the multipart body) at concurrency 1, 8 and 64, reading requests/s
-and p50/p99 latency from wrk. In the same run, the baseline: the bare model's forward
-pass (`Predictor.probabilities`, the code the batcher runs) at batch 1, 64 and the batch
-sizes micro-batching formed (from GET /predict/stats).
+subprocess (auth off, one API process, the model in a process of its own) and sends
+single-image 32x32 PNG requests with wrk (a Lua script builds the multipart body) at
+concurrency 1, 8 and 64, reading requests/s and p50/p99 latency from wrk. In the same
+run, the baseline: the bare model's forward pass (`Predictor.probabilities` with the
+thread policy the model process uses) at batch 1, 64 and the batch sizes micro-batching
+formed (from GET /predict/stats), in this process with nothing else running.
 
     apt-get install -y wrk
     .venv/bin/python -m bench.predict_load
     .venv/bin/python -m bench.predict_load --seconds 5     # quicker
+    .venv/bin/python -m bench.predict_load --replicas 2 --threads 1
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from api.model_process import by_batch_size
 from bench.api_load import bench_database, own_redis_db
 from core import jobs, registry
 from core.db.session import get_engine, session_scope
@@ -191,12 +194,15 @@ def _ms(value: str) -> float:
 
 
 def serve_and_load(
-    env: dict[str, str], script: Path, seconds: int
+    env: dict[str, str], script: Path, png: Path, seconds: int
 ) -> tuple[list[Load], dict[int, int]]:
     """Serve with `env`, load at each concurrency; also the batch sizes the server formed."""
     with api_server(env) as base:
         url = f"{base}/predict?model=bench@production&top_k=5"
-        wrk(url, script, 8, 2)  # warm-up: loads the model, fills caches
+        # The first request starts the model's process (seconds): before any timed run.
+        files = [("files", ("x.png", png.read_bytes(), "image/png"))]
+        httpx.post(url, files=files, timeout=120).raise_for_status()
+        wrk(url, script, 8, 2)  # warm-up
         loads = [wrk(url, script, c, seconds) for c in CONCURRENCY]
         stats = httpx.get(f"{base}/predict/stats").json()
     sizes = {int(k): v for m in stats["models"] for k, v in m["batch_sizes"].items()}
@@ -209,16 +215,17 @@ def bare_forward(
     """The bare model at each batch size: (images/s, ms per forward), best of `rounds`."""
     # The best round: the figure least disturbed by whatever else shares the CPU.
     predictor = Predictor(path, sha256=sha256)
+    forward = by_batch_size(predictor.probabilities)
     results = {}
     for size in sizes:
         batch = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8)
         for _ in range(3):
-            predictor.probabilities(batch)
+            forward(batch)
         best = float("inf")
         for _ in range(rounds):
             count, started = 0, time.perf_counter()
             while time.perf_counter() - started < seconds:
-                predictor.probabilities(batch)
+                forward(batch)
                 count += 1
             best = min(best, (time.perf_counter() - started) / count)
         results[size] = (size / best, best * 1000)
@@ -282,6 +289,8 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10, help="Per wrk run.")
+    parser.add_argument("--replicas", type=int, default=1, help="PREDICT_REPLICAS.")
+    parser.add_argument("--threads", type=int, default=0, help="PREDICT_THREADS (0: cores).")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
@@ -301,11 +310,16 @@ def main() -> None:
                 "AUTH_ENABLED": "false",
                 "ARTIFACT_DIR": str(artifacts),
                 "DATA_DIR": str(folder / "data"),
+                "PREDICT_REPLICAS": str(args.replicas),
+                "PREDICT_THREADS": str(args.threads),
             }
+            png = sample_png(folder)
             script = folder / "predict.lua"
-            script.write_text(LUA.replace("{png}", str(sample_png(folder))))
-            batched, sizes = serve_and_load(env | {"PREDICT_MAX_BATCH": "64"}, script, args.seconds)
-            unbatched, _ = serve_and_load(env | {"PREDICT_MAX_BATCH": "1"}, script, args.seconds)
+            script.write_text(LUA.replace("{png}", str(png)))
+            batched, sizes = serve_and_load(
+                env | {"PREDICT_MAX_BATCH": "64"}, script, png, args.seconds
+            )
+            unbatched, _ = serve_and_load(env | {"PREDICT_MAX_BATCH": "1"}, script, png, args.seconds)
             common = sorted(sizes, key=lambda size: -sizes[size])[:4]
             bare = bare_forward(Path(target.path), target.sha256, sorted({1, 64, *common}))
         report(batched, unbatched, sizes, bare)

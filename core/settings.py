@@ -72,10 +72,29 @@ class Settings(BaseSettings):
         64, ge=1, le=1024, description="Images per forward pass; 1 turns micro-batching off."
     )
     predict_max_wait_ms: float = Field(
-        1.0, ge=0, le=1000, description="How long a batch waits for more requests to join."
+        0.0,
+        ge=0,
+        le=1000,
+        description="How long a batch waits for more requests to join after its first. At 0 "
+        "a batch takes the requests already waiting (under load, those that arrived during "
+        "the previous forward pass), so a lone request is never held back.",
     )
     predict_queue_size: int = Field(
         1024, ge=1, description="Requests waiting per model; beyond it, 503 with Retry-After."
+    )
+    predict_threads: int = Field(
+        0,
+        ge=0,
+        description="Intra-op threads of each model process's forward pass (batches of 8 "
+        "images or more; smaller ones use one); 0: one per core.",
+    )
+    predict_replicas: int = Field(
+        1, ge=1, le=64, description="Processes serving each loaded model, each batching."
+    )
+    predict_device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="Where model processes run their forward passes: cpu, cuda or cuda:N.",
     )
     predict_ref_ttl_ms: float = Field(
         1000.0,

@@ -37,8 +37,14 @@ class ImageRejectedError(ValueError):
         self.status = status
 
 
-def open_checked(data: bytes, name: str, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Open, check and fully decode an uploaded image, or raise `ImageRejectedError`."""
+def open_checked(
+    data: bytes, name: str, *, max_pixels: int = DEFAULT_MAX_PIXELS, load: bool = True
+) -> Image.Image:
+    """Open and check an uploaded image, or raise `ImageRejectedError`.
+
+    The format and the pixel count are checked from the header; then the pixels are decoded
+    (which finds a truncated file) unless `load` is false: `load_checked` does it later.
+    """
     if not data:
         raise ImageRejectedError(400, f"{name}: the file is empty")
     try:
@@ -62,6 +68,11 @@ def open_checked(data: bytes, name: str, *, max_pixels: int = DEFAULT_MAX_PIXELS
         raise ImageRejectedError(
             413, f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,}"
         )
+    return load_checked(image, name) if load else image
+
+
+def load_checked(image: Image.Image, name: str) -> Image.Image:
+    """Decode the pixels of an image `open_checked` let through, or raise a 400."""
     try:
         image.load()
     except (OSError, SyntaxError, ValueError) as error:

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Body, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import ReadKey, SessionDep, TrainKey
+from api.deps import ReadKey, RefsDep, SessionDep, TrainKey
 from api.errors import ApiError, ConflictError, NotFoundError, UnprocessableError, responses
-from api.inference import REFS
+from api.inference import RefCache
 from api.schemas import (
     API_PREFIX,
     AliasIn,
@@ -58,7 +58,11 @@ def read_model(name: str, session: SessionDep, _: ReadKey) -> RegisteredModelOut
     responses=responses(401, 403, 404, 409, 422),
 )
 def register_version(
-    name: str, body: Annotated[RegisterIn, Body()], session: SessionDep, _: TrainKey
+    name: str,
+    body: Annotated[RegisterIn, Body()],
+    session: SessionDep,
+    refs: RefsDep,
+    _: TrainKey,
 ) -> VersionOut:
     """Add a succeeded train job's best or last checkpoint; the model is created on first use."""
     try:
@@ -67,7 +71,7 @@ def register_version(
         )
     except registry.RegistryError as error:
         raise api_error(error) from error
-    _committed(session)  # `name` now means this version
+    _committed(session, refs)  # `name` now means this version
     job = session.get(Job, version.job_id)
     assert job is not None  # the foreign key keeps it
     return _version_out(version, job)
@@ -79,14 +83,19 @@ def register_version(
     responses=responses(401, 403, 404, 422),
 )
 def set_alias(
-    name: str, alias: str, body: Annotated[AliasIn, Body()], session: SessionDep, _: TrainKey
+    name: str,
+    alias: str,
+    body: Annotated[AliasIn, Body()],
+    session: SessionDep,
+    refs: RefsDep,
+    _: TrainKey,
 ) -> AliasOut:
     """Create or move an alias; the next prediction through it uses the new version."""
     try:
         row = registry.set_alias(session=session, name=name, alias=alias, version=body.version)
     except registry.RegistryError as error:
         raise api_error(error) from error
-    _committed(session)
+    _committed(session, refs)
     return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
 
 
@@ -96,13 +105,13 @@ def set_alias(
     summary="Remove an alias",
     responses=responses(401, 403, 404, 422),
 )
-def delete_alias(name: str, alias: str, session: SessionDep, _: TrainKey) -> None:
+def delete_alias(name: str, alias: str, session: SessionDep, refs: RefsDep, _: TrainKey) -> None:
     """Predictions through `name@alias` answer 404 from now on."""
     try:
         registry.delete_alias(session=session, name=name, alias=alias)
     except registry.RegistryError as error:
         raise api_error(error) from error
-    _committed(session)
+    _committed(session, refs)
 
 
 @router.delete(
@@ -111,20 +120,22 @@ def delete_alias(name: str, alias: str, session: SessionDep, _: TrainKey) -> Non
     summary="Remove a version no alias points to",
     responses=responses(401, 403, 404, 409, 422),
 )
-def delete_version(name: str, version: int, session: SessionDep, _: TrainKey) -> None:
+def delete_version(
+    name: str, version: int, session: SessionDep, refs: RefsDep, _: TrainKey
+) -> None:
     """Remove the version (its job and checkpoint stay); 409 while an alias points to it."""
     try:
         registry.delete_version(session=session, name=name, version=version)
     except registry.RegistryError as error:
         raise api_error(error) from error
-    _committed(session)
+    _committed(session, refs)
 
 
-def _committed(session: Session) -> None:
-    """Commit a registry write, then drop this process's resolved references."""
+def _committed(session: Session, refs: RefCache) -> None:
+    """Commit a registry write, then drop the resolved references of this app."""
     # After the commit: a prediction resolving meanwhile reads the new state, or is not kept.
     session.commit()
-    REFS.clear()
+    refs.clear()
 
 
 def _described(session: Session, model: RegisteredModel) -> RegisteredModelOut:

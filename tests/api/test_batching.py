@@ -1,87 +1,125 @@
-"""The micro-batcher and the model cache, without HTTP."""
+"""Model processes, their micro-batching and the model cache, without HTTP.
+
+The batching rule is tested on the model's end of a socket pair; the processes are real
+`python -m api.model_process` children serving ResNet-8 checkpoints.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
+import numpy as np
 import pytest
 import torch
-from torch import Tensor
 
-from api.inference import MicroBatcher, ModelCache, Overloaded
+from api.inference import ModelCache, SingleFlight
+from api.model_process import (
+    Closed,
+    ForwardError,
+    ModelProcess,
+    Overloaded,
+    Replicas,
+    ServingOptions,
+    _Channel,
+    _frame,
+    gather,
+)
 from training import checkpoints
+from training.checkpoints import CheckpointError
 from training.datasets import load_dataset
 from training.events import RecordingSink
+from training.inference import Predictor
 from training.loop import fit
 from training.specs import TrainSpec
 
-
-def test_concurrent_requests_share_forward_passes() -> None:
-    calls: list[int] = []
-
-    def forward(x: Tensor) -> Tensor:
-        calls.append(x.shape[0])
-        return x.float().sum(dim=(1, 2, 3), keepdim=False)[:, None]
-
-    batcher = MicroBatcher(forward, max_batch=16, max_wait_s=0.05)
-    inputs = [torch.full((1, 1, 2, 2), i, dtype=torch.uint8) for i in range(32)]
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        results = list(pool.map(lambda x: batcher.submit(x).result(timeout=5), inputs))
-    batcher.close()
-    # Every caller gets its own row back, and fewer forwards ran than requests.
-    assert [float(r[0, 0]) for r in results] == [4.0 * i for i in range(32)]
-    assert sum(calls) == 32
-    assert len(calls) < 32
-    assert max(calls) <= 16
+T = TypeVar("T")
 
 
-def test_batching_off_runs_one_request_per_forward() -> None:
-    calls: list[int] = []
+def run(coroutine: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await coroutine()
 
-    def forward(x: Tensor) -> Tensor:
-        calls.append(x.shape[0])
-        return x
-
-    batcher = MicroBatcher(forward, max_batch=1)
-    for _ in range(5):
-        batcher.submit(torch.zeros(1, 1, 1, 1)).result(timeout=5)
-    batcher.close()
-    assert calls == [1] * 5
+    return asyncio.run(main())
 
 
-def test_a_full_queue_refuses_instead_of_growing() -> None:
-    release = threading.Event()
-
-    def slow(x: Tensor) -> Tensor:
-        release.wait(5)
-        return x
-
-    batcher = MicroBatcher(slow, max_batch=1, max_queue=2)
-    first = batcher.submit(torch.zeros(1, 1, 1, 1))  # taken by the thread, blocks in slow()
-    while batcher.queue.qsize():
-        pass
-    batcher.submit(torch.zeros(1, 1, 1, 1))
-    batcher.submit(torch.zeros(1, 1, 1, 1))
-    with pytest.raises(Overloaded):
-        batcher.submit(torch.zeros(1, 1, 1, 1))
-    release.set()
-    assert first.result(timeout=5).shape == (1, 1, 1, 1)
-    batcher.close()
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, _Channel]]:
+    """The API's end of a socket pair, and the model's end as a channel."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        yield ours, _Channel(theirs)
 
 
-def test_a_failing_forward_fails_only_its_batch() -> None:
-    def forward(x: Tensor) -> Tensor:
-        if (x == 7).any():
-            raise RuntimeError("bad input")
-        return x
+def images(count: int, value: int = 0) -> np.ndarray:
+    return np.full((count, 3, 8, 8), value, dtype=np.uint8)
 
-    batcher = MicroBatcher(forward, max_batch=1)
-    with pytest.raises(RuntimeError, match="bad input"):
-        batcher.submit(torch.full((1, 1, 1, 1), 7)).result(timeout=5)
-    assert batcher.submit(torch.zeros(1, 1, 1, 1)).result(timeout=5).shape == (1, 1, 1, 1)
-    batcher.close()
+
+def test_a_batch_takes_what_is_waiting_up_to_max_batch(
+    pair: tuple[socket.socket, _Channel],
+) -> None:
+    ours, channel = pair
+    for request in range(5):
+        ours.sendall(_frame((request, images(2))))
+    batch, ended = gather(channel, max_batch=6, max_wait_s=0)
+    assert [request for request, _ in batch] == [0, 1, 2]  # 6 images; a request is not split
+    assert not ended
+    batch, _ = gather(channel, max_batch=6, max_wait_s=0)
+    assert [request for request, _ in batch] == [3, 4]
+
+
+def test_batching_off_takes_one_request_per_forward(pair: tuple[socket.socket, _Channel]) -> None:
+    ours, channel = pair
+    for request in range(3):
+        ours.sendall(_frame((request, images(1))))
+    sizes = [len(gather(channel, max_batch=1, max_wait_s=0.05)[0]) for _ in range(3)]
+    assert sizes == [1, 1, 1]
+
+
+def test_a_batch_waits_for_late_requests_only_up_to_max_wait(
+    pair: tuple[socket.socket, _Channel],
+) -> None:
+    ours, channel = pair
+    ours.sendall(_frame((0, images(1))))
+    late = threading.Timer(0.05, lambda: ours.sendall(_frame((1, images(1)))))
+    late.start()
+    batch, _ = gather(channel, max_batch=8, max_wait_s=2.0)
+    assert [request for request, _ in batch] == [0, 1]  # the late one joined
+    ours.sendall(_frame((2, images(1))))
+    batch, _ = gather(channel, max_batch=8, max_wait_s=0.01)
+    assert [request for request, _ in batch] == [2]  # nothing else came: no hang
+
+
+def test_the_end_of_input_ends_the_batch_loop(pair: tuple[socket.socket, _Channel]) -> None:
+    ours, channel = pair
+    ours.sendall(_frame((0, images(1))))
+    ours.shutdown(socket.SHUT_WR)
+    batch, ended = gather(channel, max_batch=8, max_wait_s=1.0)
+    assert [request for request, _ in batch] == [0]
+    assert ended  # what was sent is still answered, then the process exits
+
+
+def test_single_flight_computes_once_for_concurrent_callers() -> None:
+    calls = 0
+
+    async def compute() -> int:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        return 42
+
+    async def main() -> list[int]:
+        flight: SingleFlight[int] = SingleFlight()
+        return await asyncio.gather(*(flight.run("k", compute) for _ in range(10)))
+
+    assert run(main) == [42] * 10
+    assert calls == 1
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +141,149 @@ def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path
     return found
 
 
+def test_a_model_process_answers_as_the_model_does_in_process(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    path, sha256 = two_checkpoints[0]
+    batch = np.random.default_rng(0).integers(0, 256, (5, 3, 8, 8), dtype=np.uint8)
+
+    async def main() -> tuple[np.ndarray, list[np.ndarray], dict[int, int]]:
+        served = await ModelProcess.start(path, sha256, ServingOptions(max_wait_s=0.2))
+        try:
+            whole = await served.predict(batch)
+            # Five concurrent requests: the first waits 0.2 s for others, all share a pass.
+            rows = await asyncio.gather(*(served.predict(batch[i : i + 1]) for i in range(5)))
+            return whole, rows, dict(served.batch_sizes)
+        finally:
+            await served.close()
+
+    whole, rows, sizes = run(main)
+    expected = Predictor(path, sha256=sha256).probabilities(torch.from_numpy(batch)).numpy()
+    np.testing.assert_allclose(whole, expected, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(rows), expected, atol=1e-6)
+    assert sizes == {5: 2}, "the five single-image requests shared one forward pass"
+
+
+def test_a_checkpoint_that_fails_its_check_starts_no_process(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    path, _ = two_checkpoints[0]
+    with pytest.raises(CheckpointError, match="sha256"):
+        run(lambda: ModelProcess.start(path, "0" * 64, ServingOptions()))
+
+
+def test_a_failing_batch_fails_only_its_requests(two_checkpoints: list[tuple[Path, str]]) -> None:
+    path, sha256 = two_checkpoints[0]
+
+    async def main() -> np.ndarray:
+        served = await ModelProcess.start(path, sha256, ServingOptions())
+        try:
+            with pytest.raises(ForwardError, match="RuntimeError"):
+                await served.predict(np.zeros((1, 5, 8, 8), dtype=np.uint8))  # 5 channels
+            return await served.predict(images(2))
+        finally:
+            await served.close()
+
+    assert run(main).shape == (2, 10)
+
+
+def test_a_full_queue_refuses_instead_of_growing(two_checkpoints: list[tuple[Path, str]]) -> None:
+    path, sha256 = two_checkpoints[0]
+
+    async def main() -> list[object]:
+        served = await ModelProcess.start(path, sha256, ServingOptions(max_queue=2))
+        try:
+            calls = [served.predict(images(1)) for _ in range(3)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await served.close()
+
+    first, second, third = run(main)
+    assert isinstance(first, np.ndarray)
+    assert isinstance(second, np.ndarray)
+    assert isinstance(third, Overloaded)
+
+
+def test_a_cancelled_request_does_not_disturb_the_others(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    path, sha256 = two_checkpoints[0]
+
+    async def main() -> np.ndarray:
+        served = await ModelProcess.start(path, sha256, ServingOptions(max_wait_s=0.1))
+        try:
+            gone = asyncio.ensure_future(served.predict(images(1)))
+            kept = asyncio.ensure_future(served.predict(images(1, 9)))
+            await asyncio.sleep(0)
+            gone.cancel()  # its client went away while it waited
+            answer = await kept
+            assert not served.pending
+            return answer
+        finally:
+            await served.close()
+
+    assert run(main).shape == (1, 10)
+
+
 def test_cache_loads_once_and_evicts_the_least_recent(
     two_checkpoints: list[tuple[Path, str]],
 ) -> None:
     (a, sha_a), (b, sha_b) = two_checkpoints
-    cache = ModelCache(max_models=1)
-    first = cache.get(a, sha_a)
-    assert cache.get(a, sha_a) is first
-    assert cache.loads == 1
-    cache.get(b, sha_b)
-    assert list(cache.entries) == [sha_b]
-    assert cache.loads == 2
-    probabilities = cache.get(b, sha_b).batcher.submit(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
-    assert probabilities.result(timeout=10).shape == (2, 10)
-    cache.close()
+
+    async def main() -> None:
+        cache = ModelCache(max_models=1)
+        try:
+            first = await asyncio.gather(*(cache.get(a, sha_a) for _ in range(5)))
+            assert len({id(served) for served in first}) == 1  # one start for five callers
+            assert await cache.get(a, sha_a) is first[0]
+            assert cache.loads == 1
+            await cache.get(b, sha_b)
+            assert list(cache.entries) == [sha_b]
+            assert cache.loads == 2
+            await asyncio.wait(set(cache.stopping))
+            assert first[0].processes[0].process.returncode == 0  # a's process exited
+            probabilities = await cache.entries[sha_b].predict(images(2))
+            assert probabilities.shape == (2, 10)
+        finally:
+            await cache.close()
+
+    run(main)
+
+
+def test_a_stopped_process_fails_its_requests_and_is_started_again(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    path, sha256 = two_checkpoints[0]
+
+    async def main() -> None:
+        cache = ModelCache(options=ServingOptions(max_wait_s=1.0))
+        try:
+            served = await cache.get(path, sha256)
+            waiting = asyncio.ensure_future(served.predict(images(1)))  # held 1 s for company
+            await asyncio.sleep(0.2)
+            os.kill(served.processes[0].process.pid, signal.SIGKILL)
+            with pytest.raises(Closed, match="stopped"):
+                await waiting
+            assert cache.peek(sha256) is None
+            again = await cache.get(path, sha256)
+            assert again is not served
+            assert cache.loads == 2
+            assert (await again.predict(images(1))).shape == (1, 10)
+        finally:
+            await cache.close()
+
+    run(main)
+
+
+def test_replicas_share_the_requests(two_checkpoints: list[tuple[Path, str]]) -> None:
+    path, sha256 = two_checkpoints[0]
+
+    async def main() -> list[int]:
+        served = await Replicas.start(path, sha256, ServingOptions(replicas=2, max_wait_s=0.2))
+        try:
+            await asyncio.gather(served.predict(images(1)), served.predict(images(1)))
+            return [sum(process.batch_sizes.values()) for process in served.processes]
+        finally:
+            await served.close()
+
+    assert run(main) == [1, 1]  # the second request went to the idle process
