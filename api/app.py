@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api import errors
+from api.deps import KeyCache
 from api.inference import ModelCache, RefCache
 from api.limits import BodyLimit
 from api.model_process import ServingOptions
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.telemetry = Telemetry(settings)
+    app.state.keys = KeyCache()  # API keys checked a moment ago (api.deps)
     errors.install(app)
     uploads = {
         datasets.router.prefix: settings.max_upload_bytes,

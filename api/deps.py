@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import keys
+from api.cache import TtlCache
 from api.errors import ForbiddenError, UnauthorizedError
 from api.inference import RefCache
 from api.keys import Principal
@@ -29,6 +31,17 @@ async def _settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+KeyCache = TtlCache[str, Principal]  # keys checked a moment ago, by their sha256
+
+
+async def _keys(request: Request) -> KeyCache:
+    checked: KeyCache = request.app.state.keys
+    return checked
+
+
+KeysDep = Annotated[KeyCache, Depends(_keys)]
 
 
 async def _refs(request: Request) -> RefCache:
@@ -63,16 +76,24 @@ SessionDep = Annotated[Session, Depends(_session, scope="function")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-async def _principal(settings: SettingsDep, credentials: Credentials) -> Principal | None:
+async def _principal(
+    request: Request, settings: SettingsDep, credentials: Credentials
+) -> Principal | None:
     """The caller's key; None when auth is off (anonymous)."""
     if not settings.auth_enabled:
         return None
     if credentials is None:
         raise UnauthorizedError("an API key is required: send `Authorization: Bearer rs_...`")
     key = credentials.credentials
-    principal = await run_in_threadpool(_authenticate, settings.database_url, key)
+    checked: KeyCache = request.app.state.keys
+    digest = hashlib.sha256(key.encode()).hexdigest()  # the plaintext is not kept
+    principal = checked.get(digest, settings.auth_cache_seconds)
     if principal is None:
-        raise UnauthorizedError("the API key is malformed, unknown or revoked")
+        generation = checked.generation
+        principal = await run_in_threadpool(_authenticate, settings.database_url, key)
+        if principal is None:
+            raise UnauthorizedError("the API key is malformed, unknown or revoked")
+        checked.put(digest, principal, generation)
     return principal
 
 

@@ -1,48 +1,22 @@
 """Serving trained models: an LRU cache of model processes, and resolved references.
 
-Both live on the event loop (no locks): a miss of either is computed once however many
-requests wait for it (`SingleFlight`), so a burst of first requests loads a model once
-and an expired reference is resolved once.
+Both live on the event loop: a miss of either is computed once however many requests
+wait for it (`SingleFlight`), so a burst of first requests starts a model once and an
+expired reference is resolved once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from api.cache import SingleFlight, TtlCache
 from api.model_process import Replicas, ServingOptions
 from core.registry import Resolved
-
-T = TypeVar("T")
-
-
-class SingleFlight(Generic[T]):
-    """Concurrent calls for one key share one computation (a task on the event loop)."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, asyncio.Task[T]] = {}
-
-    async def run(self, key: str, compute: Callable[[], Awaitable[T]]) -> T:
-        """The result of `compute()`, or of the call already running for `key`."""
-        task = self.running.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._tracked(key, compute))
-            self.running[key] = task
-        # One waiter going away (its client disconnected) does not cancel the others'.
-        return await asyncio.shield(task)
-
-    async def _tracked(self, key: str, compute: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await compute()
-        finally:
-            del self.running[key]
 
 
 class ModelCache:
@@ -106,42 +80,16 @@ class ModelCache:
             await asyncio.wait(set(self.stopping))
 
 
-class RefCache:
+class RefCache(TtlCache[str, Resolved]):
     """Model references resolved a moment ago, for an app's predictions.
 
-    Registry writes through the app `clear` it after their commit (from worker threads,
-    hence the lock); a write through another process reaches its predictions within the
-    time to live.
+    Registry writes through the app `clear` it after their commit; a write through another
+    process reaches its predictions within the time to live.
     """
 
-    def __init__(self, *, max_entries: int = 1024) -> None:
-        self.max_entries = max_entries
-        self.entries: dict[str, tuple[float, Resolved]] = {}
+    def __init__(self) -> None:
+        super().__init__()
         self.resolving: SingleFlight[Resolved] = SingleFlight()
-        self.generation = 0  # bumped by `clear`: a resolution that straddles it is not kept
-        self.lock = threading.Lock()
-
-    def get(self, ref: str, ttl_s: float) -> Resolved | None:
-        """The value kept for `ref`, if younger than `ttl_s`."""
-        found = self.entries.get(ref)
-        if found is None or time.monotonic() - found[0] >= ttl_s:
-            return None
-        return found[1]
-
-    def put(self, ref: str, value: Resolved, generation: int) -> None:
-        """Keep `value`, unless the cache was cleared since `generation` was read."""
-        with self.lock:
-            if generation != self.generation:
-                return
-            if len(self.entries) >= self.max_entries:
-                self.entries.clear()
-            self.entries[ref] = (time.monotonic(), value)
-
-    def clear(self) -> None:
-        """Forget everything (a registry write committed)."""
-        with self.lock:
-            self.generation += 1
-            self.entries.clear()
 
     async def resolve(self, ref: str, ttl_s: float, load: Callable[[], Resolved]) -> Resolved:
         """The kept value of `ref`, else `load()` in a worker thread (once for all waiters)."""

@@ -29,9 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -78,13 +79,20 @@ wrk.body = "--" .. boundary .. "\\r\\n"
 
 @dataclass(frozen=True)
 class Load:
-    """One wrk run: requests/s, latency percentiles (ms) and failed answers."""
+    """One wrk run: requests/s, latency percentiles (ms), failed answers, batches formed."""
 
     concurrency: int
     requests_per_s: float
     p50_ms: float
     p99_ms: float
     failed: int
+    batches: Counter[int] = field(default_factory=Counter)  # forward passes per batch size
+
+    @property
+    def mean_batch(self) -> float:
+        """Images per forward pass during the run."""
+        passes = sum(self.batches.values())
+        return sum(size * n for size, n in self.batches.items()) / max(1, passes)
 
 
 def make_checkpoint(url: str, artifacts: Path) -> None:
@@ -193,20 +201,31 @@ def _ms(value: str) -> float:
     return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def serve_and_load(
-    env: dict[str, str], script: Path, png: Path, seconds: int
-) -> tuple[list[Load], dict[int, int]]:
-    """Serve with `env`, load at each concurrency; also the batch sizes the server formed."""
+def serve_and_load(env: dict[str, str], script: Path, png: Path, seconds: int) -> list[Load]:
+    """Serve with `env` and load it at each concurrency, noting the batches each run formed."""
     with api_server(env) as base:
         url = f"{base}/predict?model=bench@production&top_k=5"
         # The first request starts the model's process (seconds): before any timed run.
         files = [("files", ("x.png", png.read_bytes(), "image/png"))]
         httpx.post(url, files=files, timeout=120).raise_for_status()
         wrk(url, script, 8, 2)  # warm-up
-        loads = [wrk(url, script, c, seconds) for c in CONCURRENCY]
-        stats = httpx.get(f"{base}/predict/stats").json()
-    sizes = {int(k): v for m in stats["models"] for k, v in m["batch_sizes"].items()}
-    return loads, sizes
+        loads = []
+        for concurrency in CONCURRENCY:
+            before = _batch_sizes(base)
+            load = wrk(url, script, concurrency, seconds)
+            loads.append(replace(load, batches=_batch_sizes(base) - before))
+    return loads
+
+
+def _batch_sizes(base: str) -> Counter[int]:
+    """Forward passes per batch size so far, over the loaded models (GET /predict/stats)."""
+    stats = httpx.get(f"{base}/predict/stats").json()
+    return Counter({int(k): n for m in stats["models"] for k, n in m["batch_sizes"].items()})
+
+
+def formed_batch(load: Load) -> int:
+    """The batch size micro-batching formed on average during a run, rounded."""
+    return max(1, round(load.mean_batch))
 
 
 def bare_forward(
@@ -233,31 +252,24 @@ def bare_forward(
 
 
 def report(
-    batched: list[Load],
-    unbatched: list[Load],
-    sizes: dict[int, int],
-    bare: dict[int, tuple[float, float]],
+    batched: list[Load], unbatched: list[Load], bare: dict[int, tuple[float, float]]
 ) -> None:
     """The tables, and the goals of the issue against this run's figures."""
     print("\nPOST /predict, one 32x32 PNG per request (wrk -t1, --latency)")
-    print(f"{'batching':<10}{'conc':>6}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'failed':>8}")
+    header = f"{'batching':<10}{'conc':>6}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'failed':>8}"
+    print(f"{header}{'images/forward':>16}")
     for label, loads in (("on (64)", batched), ("off (1)", unbatched)):
         for load in loads:
             print(
                 f"{label:<10}{load.concurrency:>6}{load.requests_per_s:>10.0f}"
-                f"{load.p50_ms:>10.2f}{load.p99_ms:>10.2f}{load.failed:>8}"
+                f"{load.p50_ms:>10.2f}{load.p99_ms:>10.2f}{load.failed:>8}{load.mean_batch:>16.1f}"
             )
-    formed = sum(size * n for size, n in sizes.items()) / max(1, sum(sizes.values()))
-    print(
-        f"\nbatches formed with batching on (size: forward passes): {dict(sorted(sizes.items()))}"
-    )
-    print(f"mean images per forward: {formed:.1f}")
     print("\nbare ResNet-20 forward (Predictor.probabilities, uint8 in, probabilities out)")
     print(f"{'batch':>6}{'images/s':>12}{'ms/forward':>12}")
     for size, (rate, ms) in sorted(bare.items()):
         print(f"{size:>6}{rate:>12.0f}{ms:>12.2f}")
     c1, c64, off64 = batched[0], batched[-1], unbatched[-1]
-    typical = min(bare, key=lambda size: abs(size - formed))
+    typical = formed_batch(c64)
     goals = [
         (
             f"c64 req/s >= {GOAL_OF_BARE:.0%} of bare batch-64 forward",
@@ -316,13 +328,11 @@ def main() -> None:
             png = sample_png(folder)
             script = folder / "predict.lua"
             script.write_text(LUA.replace("{png}", str(png)))
-            batched, sizes = serve_and_load(
-                env | {"PREDICT_MAX_BATCH": "64"}, script, png, args.seconds
-            )
-            unbatched, _ = serve_and_load(env | {"PREDICT_MAX_BATCH": "1"}, script, png, args.seconds)
-            common = sorted(sizes, key=lambda size: -sizes[size])[:4]
-            bare = bare_forward(Path(target.path), target.sha256, sorted({1, 64, *common}))
-        report(batched, unbatched, sizes, bare)
+            batched = serve_and_load(env | {"PREDICT_MAX_BATCH": "64"}, script, png, args.seconds)
+            unbatched = serve_and_load(env | {"PREDICT_MAX_BATCH": "1"}, script, png, args.seconds)
+            formed = {formed_batch(load) for load in batched}
+            bare = bare_forward(Path(target.path), target.sha256, sorted({1, 64, *formed}))
+        report(batched, unbatched, bare)
         # Other processes on these 2 cores skew every figure above: say how busy it was.
         print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
     finally:

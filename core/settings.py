@@ -27,6 +27,13 @@ class Settings(BaseSettings):
         False, description="Let torchvision download CIFAR/MNIST into DATA_DIR when missing."
     )
     auth_enabled: bool = Field(True, description="Require API keys (Authorization: Bearer ...).")
+    auth_cache_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=300,
+        description="How long an API process reuses a key's check; a revocation through "
+        "another API process takes effect within this time (through this one, at once).",
+    )
     lease_seconds: int = Field(60, ge=5, description="A running job's lease; heartbeats renew it.")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
     max_attempts: int = Field(3, ge=1, le=20, description="Deliveries before a job fails.")

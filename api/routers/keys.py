@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, status
 
 from api import keys
-from api.deps import AdminKey, SessionDep
+from api.deps import AdminKey, KeysDep, SessionDep
 from api.errors import NotFoundError, responses
 from api.schemas import API_PREFIX, KeyCreated, KeyIn, KeyOut
 
@@ -33,9 +33,13 @@ def list_keys(session: SessionDep, _: AdminKey) -> list[KeyOut]:
 
 
 @router.delete("/{key_id}", summary="Revoke an API key", responses=responses(401, 403, 404, 422))
-def revoke_key(key_id: uuid.UUID, session: SessionDep, _: AdminKey) -> KeyOut:
-    """The key stops working at once; its row stays for the record."""
+def revoke_key(key_id: uuid.UUID, session: SessionDep, checked: KeysDep, _: AdminKey) -> KeyOut:
+    """The key stops working: at once through this process, within AUTH_CACHE_SECONDS
+    through other API processes. Its row stays for the record.
+    """
     row = keys.revoke_key(session=session, key_id=key_id)
     if row is None:
         raise NotFoundError(f"API key {key_id} does not exist")
+    session.commit()  # then forget the checks made before it
+    checked.clear()
     return KeyOut.of(row)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from api.inference import ModelCache, SingleFlight
+from api.cache import SingleFlight
+from api.inference import ModelCache
 from api.model_process import (
     Closed,
     ForwardError,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from typing import Any
 
@@ -12,9 +13,10 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from api import keys
 from api.app import create_app
 from core.db.session import session_scope
-from core.db.tables import Job
+from core.db.tables import ApiKey, Job
 from core.queue import QUEUE, RUN_JOB
 from core.settings import Settings
 from tests.api.conftest import TRAIN, claim, finish, make_key, new_job
@@ -161,6 +163,21 @@ def test_admin_keys_create_and_revoke_keys(anonymous: TestClient, settings: Sett
     revoked = anonymous.delete(f"/api/v1/keys/{created.json()['id']}", headers=admin)
     assert revoked.json()["revoked_at"] is not None
     assert anonymous.get(JOBS, headers=reader).status_code == 401
+
+
+def test_a_key_revoked_elsewhere_stops_working_within_the_auth_cache_time(
+    settings: Settings,
+) -> None:
+    quick = settings.model_copy(update={"auth_cache_seconds": 0.5})
+    key = make_key(settings.database_url, "read")
+    with TestClient(create_app(quick), headers={"Authorization": f"Bearer {key}"}) as client:
+        assert client.get(JOBS).status_code == 200  # checked against the database, kept
+        with session_scope(settings.database_url) as session:  # as another API process does
+            row = session.scalars(select(ApiKey).where(ApiKey.prefix == key.split("_")[1])).one()
+            keys.revoke_key(session=session, key_id=row.id)
+        assert client.get(JOBS).status_code == 200  # the kept check, for at most 0.5 s
+        time.sleep(0.6)
+        assert client.get(JOBS).status_code == 401
 
 
 def test_a_body_over_the_limit_is_413(client: TestClient, queue: redis.Redis) -> None:
