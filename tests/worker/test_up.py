@@ -109,8 +109,13 @@ def test_up_serves_jobs_and_stops_cleanly_on_sigint(
     assert (tmp_path / "var" / "broker.db").is_file()
     assert (tmp_path / "var" / "artifacts" / "jobs" / job_id / "checkpoints" / "best.pt").is_file()
 
-    started = _descendants(process.pid)
-    assert len(started) >= 3  # worker, its job process, API
+    # The worker, its job process and the API. A job process ends after its job and the
+    # worker starts the next one: count once it has.
+    def running() -> set[int] | None:
+        found = _descendants(process.pid)
+        return found if len(found) >= 3 else None
+
+    started = wait_for(running, 30, "the worker's next job process")
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) == 0
     assert not [pid for pid in started if _alive(pid)]
