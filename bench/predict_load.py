@@ -4,9 +4,9 @@ Makes a ResNet-20 checkpoint (one training step on synthetic 32x32 data, written
 temporary artifact store), records it as a succeeded job of a fresh Postgres database
 (`resnet_bench_<random>`, dropped at the end) and registers it as `bench`. Then, for
 micro-batching on (PREDICT_MAX_BATCH=64) and off (=1), serves the API with uvicorn in a
-subprocess (auth off, one API process, the model in a process of its own) and sends
-single-image 32x32 PNG requests with wrk (a Lua script builds the multipart body) at
-concurrency 1, 8 and 64, reading requests/s and p50/p99 latency from wrk. In the same
+subprocess (auth off unless --auth; one API process, the model in a process of its own)
+and sends single-image 32x32 PNG requests with wrk (a Lua script builds the multipart
+body) at concurrency 1, 8 and 64, reading requests/s and p50/p99 latency from wrk. In the same
 run, the baseline: the bare model's forward pass (`Predictor.probabilities` with the
 thread policy the model process uses) at batch 1, 64 and the batch sizes micro-batching
 formed (from GET /predict/stats), in this process with nothing else running.
@@ -15,6 +15,7 @@ formed (from GET /predict/stats), in this process with nothing else running.
     .venv/bin/python -m bench.predict_load
     .venv/bin/python -m bench.predict_load --seconds 5     # quicker
     .venv/bin/python -m bench.predict_load --replicas 2 --threads 1
+    .venv/bin/python -m bench.predict_load --auth          # every request with an API key
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from api import keys
 from api.model_process import by_batch_size
 from bench.api_load import bench_database, own_redis_db
 from core import jobs, registry
@@ -145,7 +147,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def api_server(env: dict[str, str]) -> Iterator[str]:
+def api_server(env: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
     """uvicorn serving the API in a subprocess; its base URL once the zoo is described."""
     port = _free_port()
     command = [sys.executable, "-m", "uvicorn", "--factory", "api.app:create_app"]
@@ -159,7 +161,8 @@ def api_server(env: dict[str, str]) -> Iterator[str]:
             if server.poll() is not None:
                 raise RuntimeError(f"the API exited with {server.returncode}")
             try:
-                httpx.get(f"{base}/models", timeout=60).raise_for_status()  # after the warm-up
+                # It answers after the warm-up (the zoo described).
+                httpx.get(f"{base}/models", headers=headers, timeout=60).raise_for_status()
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline:
@@ -201,25 +204,27 @@ def _ms(value: str) -> float:
     return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def serve_and_load(env: dict[str, str], script: Path, png: Path, seconds: int) -> list[Load]:
+def serve_and_load(
+    env: dict[str, str], headers: dict[str, str], script: Path, png: Path, seconds: int
+) -> list[Load]:
     """Serve with `env` and load it at each concurrency, noting the batches each run formed."""
-    with api_server(env) as base:
+    with api_server(env, headers) as base:
         url = f"{base}/predict?model=bench@production&top_k=5"
         # The first request starts the model's process (seconds): before any timed run.
         files = [("files", ("x.png", png.read_bytes(), "image/png"))]
-        httpx.post(url, files=files, timeout=120).raise_for_status()
+        httpx.post(url, files=files, headers=headers, timeout=120).raise_for_status()
         wrk(url, script, 8, 2)  # warm-up
         loads = []
         for concurrency in CONCURRENCY:
-            before = _batch_sizes(base)
+            before = _batch_sizes(base, headers)
             load = wrk(url, script, concurrency, seconds)
-            loads.append(replace(load, batches=_batch_sizes(base) - before))
+            loads.append(replace(load, batches=_batch_sizes(base, headers) - before))
     return loads
 
 
-def _batch_sizes(base: str) -> Counter[int]:
+def _batch_sizes(base: str, headers: dict[str, str]) -> Counter[int]:
     """Forward passes per batch size so far, over the loaded models (GET /predict/stats)."""
-    stats = httpx.get(f"{base}/predict/stats").json()
+    stats = httpx.get(f"{base}/predict/stats", headers=headers).json()
     return Counter({int(k): n for m in stats["models"] for k, n in m["batch_sizes"].items()})
 
 
@@ -303,6 +308,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="Per wrk run.")
     parser.add_argument("--replicas", type=int, default=1, help="PREDICT_REPLICAS.")
     parser.add_argument("--threads", type=int, default=0, help="PREDICT_THREADS (0: cores).")
+    parser.add_argument("--auth", action="store_true", help="Serve with API keys required.")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
@@ -319,7 +325,7 @@ def main() -> None:
             env = {
                 "DATABASE_URL": url,
                 "BROKER_URL": broker,
-                "AUTH_ENABLED": "false",
+                "AUTH_ENABLED": str(args.auth).lower(),
                 "ARTIFACT_DIR": str(artifacts),
                 "DATA_DIR": str(folder / "data"),
                 "PREDICT_REPLICAS": str(args.replicas),
@@ -327,9 +333,17 @@ def main() -> None:
             }
             png = sample_png(folder)
             script = folder / "predict.lua"
-            script.write_text(LUA.replace("{png}", str(png)))
-            batched = serve_and_load(env | {"PREDICT_MAX_BATCH": "64"}, script, png, args.seconds)
-            unbatched = serve_and_load(env | {"PREDICT_MAX_BATCH": "1"}, script, png, args.seconds)
+            headers = {}
+            if args.auth:  # every request is checked (kept for AUTH_CACHE_SECONDS)
+                with session_scope(url) as session:
+                    key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
+                headers = {"Authorization": f"Bearer {key[1]}"}
+            lines = [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
+            script.write_text(LUA.replace("{png}", str(png)) + "\n".join(lines) + "\n")
+            batched, unbatched = (
+                serve_and_load(env | {"PREDICT_MAX_BATCH": n}, headers, script, png, args.seconds)
+                for n in ("64", "1")
+            )
             formed = {formed_batch(load) for load in batched}
             bare = bare_forward(Path(target.path), target.sha256, sorted({1, 64, *formed}))
         report(batched, unbatched, bare)
