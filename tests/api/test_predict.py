@@ -34,8 +34,7 @@ from core.db.tables import ModelVersion, RegisteredModel
 from core.settings import Settings
 from core.specs import TrainJobSpec
 from tests import images
-from tests.api.conftest import make_key, new_job
-from tests.api.test_registry import trained_job
+from tests.api.conftest import make_key, new_job, trained_job
 from tests.worker.support import (
     WorkerProcess,
     recipe,

@@ -7,50 +7,8 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from core import jobs
-from core.db.session import session_scope
 from core.settings import Settings
-from tests.api.conftest import artifact_folder, claim, finish, make_key, new_job
-from training import checkpoints
-from training.datasets import load_dataset
-from training.events import RecordingSink
-from training.loop import fit
-from training.specs import TrainSpec
-
-TINY = {
-    "model": {"name": "resnet8"},
-    "dataset": {"name": "synthetic", "image_size": 8, "train_size": 32, "test_size": 8},
-    "recipe": {"iterations": 2, "batch_size": 16, "checkpoint_every": 1},
-}
-
-
-def trained_job(settings: Settings) -> uuid.UUID:
-    """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files."""
-    url = settings.database_url
-    job_id = new_job(url, model={"name": "resnet8"})
-    token = claim(url, job_id)
-    out = artifact_folder(settings, job_id)
-    spec = TrainSpec.model_validate(TINY)
-    fit(spec, load_dataset(spec.dataset, data_root=out), out_dir=out, sink=RecordingSink())
-    folder = out / "checkpoints"
-    saved = [(1, folder / "step-1.pt", False), (2, folder / checkpoints.BEST, True)]
-    kept = [str(path) for _, path, _ in saved]
-    with session_scope(url) as session:
-        for step, path, is_best in saved:
-            jobs.record_checkpoint(
-                session=session,
-                job_id=job_id,
-                token=token,
-                step=step,
-                epoch=step,
-                path=str(path),
-                sha256=checkpoints.sha256_of(path),
-                size=path.stat().st_size,
-                is_best=is_best,
-                kept=kept,
-            )
-    finish(url, job_id, token, best_test_error=0.5, final_test_error=0.6, params=75_002)
-    return job_id
+from tests.api.conftest import make_key, new_job, trained_job
 
 
 @pytest.fixture(scope="module")
