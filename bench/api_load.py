@@ -162,7 +162,8 @@ def seed(url: str, jobs: int, points: int) -> Seeded:
     return Seeded(url, big)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -187,7 +188,7 @@ def own_redis_db() -> Iterator[str]:
 @contextmanager
 def api_server(database_url: str, broker_url: str) -> Iterator[str]:
     """uvicorn serving `api.app:create_app` in a subprocess, auth off; its base URL."""
-    port = _free_port()
+    port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="resnet-bench-"))
     env = os.environ | {
         "DATABASE_URL": database_url,

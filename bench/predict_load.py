@@ -25,7 +25,6 @@ import io
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from PIL import Image
 
 from api import keys
 from api.model_process import by_batch_size
-from bench.api_load import bench_database, own_redis_db
+from bench.api_load import bench_database, free_port, own_redis_db
 from core import jobs, registry
 from core.db.session import get_engine, session_scope
 from core.specs import TrainJobSpec
@@ -139,17 +138,10 @@ def sample_png(folder: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def api_server(env: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
     """uvicorn serving the API in a subprocess; its base URL once the zoo is described."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "uvicorn", "--factory", "api.app:create_app"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     command += ["--no-access-log"]

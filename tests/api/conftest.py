@@ -18,7 +18,7 @@ from core.db.session import session_scope
 from core.queue import QUEUE
 from core.settings import Settings
 from core.specs import TrainJobSpec
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, serve
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -72,6 +72,13 @@ def settings(
         stream_poll_seconds=0.05,
         max_upload_bytes=64 * 1024,
     )
+
+
+@pytest.fixture(scope="module")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The module's API (with the module's settings) served by uvicorn, in a thread."""
+    with serve(create_app(settings)) as url:
+        yield url
 
 
 def make_key(url: str, *scopes: str) -> str:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis
-import uvicorn
 from typer.testing import CliRunner
 
-from api.app import create_app
 from cli.main import app
 from core import jobs
 from core.db.session import session_scope
@@ -23,32 +18,6 @@ from core.settings import Settings, get_settings
 from tests.api.conftest import claim, finish, make_key, new_job
 
 runner = CliRunner()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="module")
-def live_url(settings: Settings) -> Iterator[str]:
-    """The API served by uvicorn on a free local port, in a thread."""
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        assert thread.is_alive(), "uvicorn stopped while starting"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(20)
 
 
 @pytest.fixture(scope="module")

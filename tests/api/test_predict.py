@@ -7,8 +7,6 @@ A `resnet-service worker` process trains ResNet-8 on digits once for the module.
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 from PIL import Image
 from sqlalchemy import select, update
@@ -40,7 +37,6 @@ from tests.worker.support import (
     recipe,
     service_env,
     submit,
-    wait_for,
     wait_status,
 )
 from training.data import TensorSplit
@@ -366,23 +362,6 @@ def test_scopes(
         "/api/v1/registry/digits/versions", json={"job": str(registered)}, headers=reader
     )
     assert register.status_code == 403
-
-
-@pytest.fixture(scope="module")
-def live_url(settings: Settings) -> Iterator[str]:
-    """The module's API served by uvicorn on a free local port, in a thread."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    wait_for(lambda: server.started or not thread.is_alive(), 20, "uvicorn to start")
-    assert thread.is_alive()
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(20)
 
 
 def test_the_command_line_client_prints_a_table_per_image(

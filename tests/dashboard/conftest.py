@@ -6,8 +6,6 @@ work here); a missing /usr/bin/chromium fails these tests rather than skipping t
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, Page, Route, sync_playwright
 
 from api.app import create_app
 from core.settings import Settings
 from tests.api.conftest import make_key
+from tests.conftest import serve
 from tests.worker import conftest as worker_fixtures
-from tests.worker.support import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -53,13 +50,6 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def settings(
     postgres_url: str, redis_broker_url: str, tmp_path_factory: pytest.TempPathFactory
@@ -81,18 +71,8 @@ def settings(
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[Server]:
     """The API on a free port of 127.0.0.1 until the module ends."""
-    port = _free_port()
-    config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-    )
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, name="dashboard-api", daemon=True)
-    thread.start()
-    wait_for(lambda: running.started, 30, "the API to start")
-    key = make_key(settings.database_url, "read", "train", "predict")
-    yield Server(settings, f"http://127.0.0.1:{port}", key)
-    running.should_exit = True
-    thread.join(timeout=30)
+    with serve(create_app(settings)) as url:
+        yield Server(settings, url, make_key(settings.database_url, "read", "train", "predict"))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,18 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port
 from tests.worker.support import BIN, recipe, wait_for
 
 pytestmark = pytest.mark.slow
 
 CONFIGURED = ("DATABASE_URL", "BROKER_URL", "ARTIFACT_DIR", "DATA_DIR", "AUTH_ENABLED")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _descendants(pid: int) -> set[int]:
@@ -60,7 +53,7 @@ def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """`resnet-service up` in an empty folder, nothing configured but a short lease."""
     env = {key: value for key, value in os.environ.items() if key not in CONFIGURED}
     env |= {"LEASE_SECONDS": "6", "HEARTBEAT_SECONDS": "1", "OMP_NUM_THREADS": "1"}
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
