@@ -40,7 +40,6 @@ from api.inference import ModelCache, RefCache
 from api.model_process import (
     Closed,
     ForwardError,
-    Images,
     Overloaded,
     Probabilities,
     Replicas,
@@ -151,7 +150,7 @@ async def predict(
         ttl_s = settings.predict_ref_ttl_ms / 1000
         target = await refs.resolve(model, ttl_s, partial(_resolve, settings, model))
         cache: ModelCache = request.state.model_cache
-        served = cache.peek(target.sha256) or await _load(cache, target)
+        served = await _load(cache, target)  # no suspension when it is running
         images = await _checked(settings, served.info, files)
     good = [image.array for image in images if image.array is not None]
     if not good:
@@ -159,12 +158,13 @@ async def predict(
     batch = np.stack(good)
     queued = time.perf_counter()
     try:
-        probabilities = await served.predict(batch)
-    except Closed:  # unloaded or stopped just now: start it again, once
-        served = await _load(cache, target)
-        probabilities = await _predict(served, batch)
-    except Overloaded as error:
-        raise _overloaded(error) from error
+        try:
+            probabilities = await served.predict(batch)
+        except Closed:  # unloaded or stopped just now: start it again, once
+            served = await _load(cache, target)
+            probabilities = await served.predict(batch)
+    except (Overloaded, Closed) as error:
+        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
     except ForwardError as error:
         raise ServerFaultError(f"the model failed on this batch: {error}") from error
     forward_ms = (time.perf_counter() - queued) * 1000
@@ -194,18 +194,6 @@ def _files(form: FormData, settings: Settings) -> list[UploadFile]:
             "send them in several requests"
         )
     return files
-
-
-async def _predict(served: Replicas, batch: Images) -> Probabilities:
-    """The batch's probabilities, or 503 when the model's queue is full or it stopped."""
-    try:
-        return await served.predict(batch)
-    except (Overloaded, Closed) as error:
-        raise _overloaded(error) from error
-
-
-def _overloaded(error: Exception) -> OverloadedError:
-    return OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s")
 
 
 @router.get("/stats", summary="Loaded models and their batching", responses=responses(401, 403))
