@@ -111,6 +111,7 @@ def _model_cache(settings: Settings) -> ModelCache:
         threads=settings.predict_threads,
         replicas=settings.predict_replicas,
         device=settings.predict_device,
+        fold=settings.predict_fold_batch_norm,
     )
     return ModelCache(
         max_models=settings.predict_cache_models,

@@ -159,10 +159,34 @@ def test_a_model_process_answers_as_the_model_does_in_process(
             await served.close()
 
     whole, rows, sizes = run(main)
-    expected = Predictor(path, sha256=sha256).probabilities(torch.from_numpy(batch)).numpy()
+    # The process serves the serving form (ServingOptions.fold), batch norms folded.
+    predictor = Predictor(path, sha256=sha256, fold=True)
+    expected = predictor.probabilities(torch.from_numpy(batch)).numpy()
     np.testing.assert_allclose(whole, expected, atol=1e-6)
     np.testing.assert_allclose(np.concatenate(rows), expected, atol=1e-6)
     assert sizes == {5: 2}, "the five single-image requests shared one forward pass"
+
+
+def test_without_folding_a_model_process_answers_bit_for_bit_as_the_eager_net(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    path, sha256 = two_checkpoints[0]
+    batch = np.random.default_rng(1).integers(0, 256, (3, 3, 8, 8), dtype=np.uint8)
+
+    async def main() -> np.ndarray:
+        served = await ModelProcess.start(path, sha256, ServingOptions(fold=False, threads=1))
+        try:
+            return await served.predict(batch)
+        finally:
+            await served.close()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same kernels as the process's one thread
+    try:
+        expected = Predictor(path, sha256=sha256).probabilities(torch.from_numpy(batch))
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(run(main), expected.numpy())
 
 
 def test_a_checkpoint_that_fails_its_check_starts_no_process(

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from models.config import SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS
+from models.registry import build
 from tests import images
 from training import checkpoints
 from training.data import DatasetInfo, TensorSplit
 from training.datasets import load_dataset
 from training.events import RecordingSink
-from training.inference import ImageRejectedError, Predictor, fit_to, open_checked
+from training.inference import ImageRejectedError, Predictor, fit_to, open_checked, serving_form
 from training.loop import fit
 from training.specs import TrainSpec
 
@@ -116,3 +119,56 @@ def test_a_checkpoint_with_the_wrong_sha_is_refused(
     path, _ = digits_checkpoint
     with pytest.raises(checkpoints.CheckpointError, match="sha256 differs"):
         Predictor(path, sha256="0" * 64)
+
+
+SERVED_NETS = [
+    ("plain20", {}),
+    ("preact_resnet110", {}),
+    ("resnet18", {}),
+    ("resnet50", {}),
+    ("resnet20", {"block": "bottleneck"}),
+    *(("resnet20", {"shortcut": option}) for option in SHORTCUT_OPTIONS),
+    *(("resnet20", {"unit": unit}) for unit in UNITS),
+    *(("resnet20", {"shortcut_variant": variant}) for variant in SHORTCUT_VARIANTS),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), SERVED_NETS)
+def test_the_serving_form_computes_what_the_eager_net_does(
+    name: str, options: dict[str, Any]
+) -> None:
+    torch.manual_seed(0)
+    net = build(name, **options).eval()
+    with torch.no_grad():  # statistics as training leaves them, not the identity
+        for name, buffer in net.named_buffers():
+            if name.endswith("running_mean"):
+                buffer.uniform_(-1, 1)
+            elif name.endswith("running_var"):
+                buffer.uniform_(0.5, 2)
+        for module in net.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+    served = serving_form(net)
+    folded = sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) - sum(
+        isinstance(m, torch.nn.BatchNorm2d) for m in served.modules()
+    )
+    x = torch.randn(4, 3, 32, 32)
+    with torch.inference_mode():
+        expected = net(x).softmax(1)
+        got = served(x.contiguous(memory_format=torch.channels_last)).softmax(1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    if not name.startswith("preact") and options.get("unit") not in ("full_preact",):
+        assert folded > 0, "batch norms after convolutions are folded into them"
+
+
+def test_a_folding_predictor_classifies_as_the_evaluation_engine_does(
+    digits_checkpoint: tuple[Path, TensorSplit],
+) -> None:
+    path, test = digits_checkpoint
+    eager = Predictor(path, sha256=checkpoints.sha256_of(path))
+    folding = Predictor(path, sha256=checkpoints.sha256_of(path), fold=True)
+    batch = test.images[:64]
+    expected = eager.probabilities(batch)
+    torch.testing.assert_close(folding.probabilities(batch), expected, atol=1e-6, rtol=0)
+    assert torch.equal(folding.probabilities(batch).argmax(1), expected.argmax(1))
