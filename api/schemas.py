@@ -366,6 +366,23 @@ class RegisteredModelOut(BaseModel):
     aliases: list[AliasOut]
 
 
+class RegistryQuery(BaseModel):
+    """Query parameters of GET /registry: a page of models in name order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str | None = Field(None, max_length=100, description="Text in the model's name.")
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
+
+
+class RegisteredModelPage(BaseModel):
+    """One page of models; pass `next_cursor` as `cursor` for the next (null: no more)."""
+
+    items: list[RegisteredModelOut]
+    next_cursor: str | None
+
+
 class ClassScore(BaseModel):
     """One of an image's top-k classes."""
 

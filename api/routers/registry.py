@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Body, status
+from fastapi import APIRouter, Body, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -16,7 +18,9 @@ from api.schemas import (
     AliasIn,
     AliasOut,
     RegisteredModelOut,
+    RegisteredModelPage,
     RegisterIn,
+    RegistryQuery,
     VersionOut,
 )
 from core import registry
@@ -35,11 +39,22 @@ def api_error(error: registry.RegistryError) -> ApiError:
     return _ERRORS.get(error.status, UnprocessableError)(str(error))
 
 
-@router.get("", summary="Registered models", responses=responses(401, 403))
-def list_models(session: SessionDep, _: ReadKey) -> list[RegisteredModelOut]:
-    """Every model with its versions (job, dataset, test error, params, sha256) and aliases."""
-    rows = session.scalars(select(RegisteredModel).order_by(RegisteredModel.name))
-    return [_described(session, row) for row in rows]
+@router.get("", summary="Registered models", responses=responses(401, 403, 422))
+def list_models(
+    params: Annotated[RegistryQuery, Query()], session: SessionDep, _: ReadKey
+) -> RegisteredModelPage:
+    """A page of models in name order, each with its versions (job, dataset, test error,
+    params, sha256) and aliases; `q` keeps the names that contain it."""
+    query = select(RegisteredModel).order_by(RegisteredModel.name).limit(params.limit + 1)
+    if params.cursor is not None:  # the last name of the previous page
+        query = query.where(RegisteredModel.name > params.cursor)
+    if params.q:
+        query = query.where(RegisteredModel.name.icontains(params.q, autoescape=True))
+    rows = list(session.scalars(query))
+    page, more = rows[: params.limit], len(rows) > params.limit
+    return RegisteredModelPage(
+        items=_described(session, page), next_cursor=page[-1].name if more else None
+    )
 
 
 @router.get("/{name}", summary="A registered model", responses=responses(401, 403, 404, 422))
@@ -48,7 +63,7 @@ def read_model(name: str, session: SessionDep, _: ReadKey) -> RegisteredModelOut
     row = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
     if row is None:
         raise NotFoundError(f"model {name!r} is not registered")
-    return _described(session, row)
+    return _described(session, [row])[0]
 
 
 @router.post(
@@ -138,27 +153,36 @@ def _committed(session: Session, refs: RefCache) -> None:
     refs.clear()
 
 
-def _described(session: Session, model: RegisteredModel) -> RegisteredModelOut:
-    """A model row with its versions and aliases."""
-    versions = session.execute(
+def _described(session: Session, models: Sequence[RegisteredModel]) -> list[RegisteredModelOut]:
+    """Model rows with their versions and aliases, read in two queries for all of them."""
+    ids = [model.id for model in models]
+    versions: defaultdict[int, list[tuple[ModelVersion, Job]]] = defaultdict(list)
+    for version, job in session.execute(
         select(ModelVersion, Job)
         .join(Job, Job.id == ModelVersion.job_id)
-        .where(ModelVersion.model_id == model.id)
+        .where(ModelVersion.model_id.in_(ids))
         .order_by(ModelVersion.version)
-    ).all()
-    numbers = {version.id: version.version for version, _ in versions}
-    aliases = session.scalars(
-        select(ModelAlias).where(ModelAlias.model_id == model.id).order_by(ModelAlias.alias)
-    )
-    return RegisteredModelOut(
-        name=model.name,
-        created_at=model.created_at,
-        versions=[_version_out(version, job) for version, job in versions],
-        aliases=[
-            AliasOut(alias=a.alias, version=numbers[a.version_id], updated_at=a.updated_at)
-            for a in aliases
-        ],
-    )
+    ):
+        versions[version.model_id].append((version, job))
+    numbers = {version.id: version.version for rows in versions.values() for version, _ in rows}
+    aliases: defaultdict[int, list[AliasOut]] = defaultdict(list)
+    for alias in session.scalars(
+        select(ModelAlias).where(ModelAlias.model_id.in_(ids)).order_by(ModelAlias.alias)
+    ):
+        aliases[alias.model_id].append(
+            AliasOut(
+                alias=alias.alias, version=numbers[alias.version_id], updated_at=alias.updated_at
+            )
+        )
+    return [
+        RegisteredModelOut(
+            name=model.name,
+            created_at=model.created_at,
+            versions=[_version_out(version, job) for version, job in versions[model.id]],
+            aliases=aliases[model.id],
+        )
+        for model in models
+    ]
 
 
 def _version_out(version: ModelVersion, job: Job) -> VersionOut:

@@ -30,8 +30,8 @@ def test_register_alias_list_and_delete(client: TestClient, job_id: uuid.UUID) -
     assert alias.status_code == 200, alias.text
     assert alias.json()["version"] == 1
 
-    listed = client.get("/api/v1/registry").json()
-    (model,) = [m for m in listed if m["name"] == "digits-net"]
+    listed = client.get("/api/v1/registry", params={"q": "digits-net"}).json()
+    (model,) = listed["items"]
     assert [v["version"] for v in model["versions"]] == [1, 2]
     version = model["versions"][0]
     assert (version["job_id"], version["model"], version["dataset"]) == (
@@ -90,6 +90,34 @@ def test_a_job_that_has_not_succeeded_does_not_register(
     answer = client.post("/api/v1/registry/x/versions", json={"job": str(queued)})
     assert answer.status_code == 409
     assert "queued" in answer.json()["error"]["message"]
+
+
+def test_the_list_pages_through_models_in_name_order_and_filters_by_name(
+    client: TestClient, job_id: uuid.UUID
+) -> None:
+    names = [f"paged-{letter}" for letter in "edcba"]
+    for name in names:
+        answer = client.post(f"/api/v1/registry/{name}/versions", json={"job": str(job_id)})
+        assert answer.status_code == 201, answer.text
+    client.put("/api/v1/registry/paged-c/aliases/live", json={"version": 1})
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"q": "PAGED-", "limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = client.get("/api/v1/registry", params=params).json()
+        seen += page["items"]
+        pages += 1
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert [m["name"] for m in seen] == sorted(names)
+    assert pages == 3
+    # Each model carries its own versions and aliases, not another's.
+    by_name = {m["name"]: m for m in seen}
+    assert [a["alias"] for a in by_name["paged-c"]["aliases"]] == ["live"]
+    assert all(not by_name[n]["aliases"] for n in names if n != "paged-c")
+    assert all([v["version"] for v in m["versions"]] == [1] for m in seen)
+    # `q` is text, not a pattern: a % or _ matches only itself.
+    assert client.get("/api/v1/registry", params={"q": "paged%"}).json()["items"] == []
+    assert client.get("/api/v1/registry", params={"limit": 0}).status_code == 422
 
 
 def test_scopes(anonymous: TestClient, settings: Settings, job_id: uuid.UUID) -> None:

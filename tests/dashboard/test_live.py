@@ -207,6 +207,21 @@ def test_register_alias_and_predict_an_uploaded_digit(
     expect(page.locator("[data-model='digits-r8'] h2")).to_contain_text("production → v1")
     expect(page.locator("[data-model='digits-r8'] tr[data-version='1']")).to_contain_text("resnet8")
     screenshot(page, "models")
+    # More models than a page: the rest come with "more models"; the name filter narrows.
+    with server.client() as client:
+        for index in range(20):
+            body = {"job": str(source)}
+            registered = client.post(f"/api/v1/registry/page-{index:02}/versions", json=body)
+            assert registered.status_code == 201, registered.text
+    page.reload()
+    expect(page.locator("#model-cards > .card")).to_have_count(20)
+    page.click("#more-models")
+    expect(page.locator("#model-cards > .card")).to_have_count(21)
+    expect(page.locator("#more-models")).to_have_count(0)
+    page.fill("input[name=q]", "digits")
+    page.press("input[name=q]", "Enter")
+    expect(page.locator("#model-cards > .card")).to_have_count(1)
+    expect(page.locator("#model-cards > .card h2")).to_contain_text("digits-r8")
 
     image, label = _a_digit_the_model_knows(server, tmp_path)
     page.goto(f"{server.url}/#/predict")

@@ -4,11 +4,38 @@
 import { ApiError, api } from "./api.js";
 import { h, notice, number, percent, shortId, when } from "./ui.js";
 
+const PAGE_SIZE = 20;
+
 export async function render(view, ctx) {
   view.append(h("h1", {}, "Models"));
-  let found;
+  const cards = h("div", { id: "model-cards" });
+  const more = h("div.row");
+  let query = "";
+  // A later page's failure is shown where its button was; the first page's, by the app.
+  const shown = (loading) => loading.catch((error) => {
+    if (!ctx.signal.aborted) more.replaceChildren(notice(error.message, true));
+  });
+  const filter = h("input", {
+    name: "q", type: "search", placeholder: "part of a name",
+    onchange: (e) => { query = e.target.value.trim(); cards.replaceChildren(); shown(load(null)); },
+  });
+  // A page of models after `cursor` (null: the first), appended to those shown.
+  const load = async (cursor) => {
+    const params = new URLSearchParams({ limit: PAGE_SIZE });
+    if (query) params.set("q", query);
+    if (cursor) params.set("cursor", cursor);
+    const page = await api(`/api/v1/registry?${params}`, { signal: ctx.signal });
+    if (!cursor && !page.items.length) {
+      cards.append(notice(query ? `No registered model's name contains “${query}”.`
+        : "No registered models yet: open a succeeded run and press Register."));
+    }
+    for (const model of page.items) cards.append(modelCard(model, ctx));
+    more.replaceChildren(page.next_cursor ? h("button.secondary", {
+      id: "more-models", onclick: () => shown(load(page.next_cursor)),
+    }, "more models") : "");
+  };
   try {
-    found = await api("/api/v1/registry", { signal: ctx.signal });
+    await load(null);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
       view.append(notice("This server has no model registry (GET /api/v1/registry answers 404).", true));
@@ -16,12 +43,7 @@ export async function render(view, ctx) {
     }
     throw error;
   }
-  const registered = found;
-  if (!registered.length) {
-    view.append(notice("No registered models yet: open a succeeded run and press Register."));
-    return;
-  }
-  for (const model of registered) view.append(modelCard(model, ctx));
+  view.append(h("div.card.row", {}, h("label", {}, "name", filter)), cards, more);
 }
 
 function modelCard(model, ctx) {

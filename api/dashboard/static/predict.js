@@ -39,7 +39,8 @@ export async function render(view, ctx) {
 }
 
 async function suggestRefs(list, ctx) {
-  const registered = await api("/api/v1/registry", { signal: ctx.signal });
+  // Suggestions from the first 200 models by name; the field takes any reference.
+  const registered = (await api("/api/v1/registry?limit=200", { signal: ctx.signal })).items;
   const options = registered.flatMap((m) => [m.name, ...m.aliases.map((a) => `${m.name}@${a.alias}`),
     ...m.versions.map((v) => `${m.name}/${v.version}`)]);
   list.replaceChildren(...options.map((value) => h("option", { value })));
