@@ -74,6 +74,10 @@ class ResNet(nn.Module):
 
     def _init_weights(self) -> None:
         """He init (kaiming normal, fan-out, as torchvision and the authors' Torch code)."""
+        if self.fc.weight.is_meta:
+            # Built to count parameters and MACs: no values to set. (On the meta device
+            # normal_ runs as Python decompositions: 3.6 s of ResNet-1202's 4.5 s build.)
+            return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

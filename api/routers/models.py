@@ -13,7 +13,7 @@ from api.errors import responses
 from api.schemas import API_PREFIX, ModelOut
 
 router = APIRouter(prefix=f"{API_PREFIX}/models", tags=["models"])
-# Counting MACs takes about 12 s of CPU for the whole zoo (ResNet-1202 alone 3 s), so the
+# Counting MACs takes about 12 s of CPU for the whole zoo (ResNet-1202 alone 2.5 s), so the
 # app describes the nets in the background at start; a lock per net keeps a request
 # that arrives meanwhile from counting the same net twice.
 _locks: dict[str, threading.Lock] = {}
