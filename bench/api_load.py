@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,9 +47,8 @@ from api import queries
 from core.db import schema
 from core.db.session import get_engine, session_scope
 from core.specs import TrainJobSpec
+from tests.conftest import POSTGRES_ADMIN_URL, REDIS_URL, free_port
 
-ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379"
 MODELS = (
     *("resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "plain20", "plain56"),
     *("preact_resnet110", "preact_resnet164", "resnet18"),
@@ -75,7 +73,7 @@ class Seeded:
 def bench_database() -> Iterator[str]:
     """A new, migrated database that is dropped afterwards."""
     name = f"resnet_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
@@ -160,14 +158,6 @@ def seed(url: str, jobs: int, points: int) -> Seeded:
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute("VACUUM ANALYZE")  # what autovacuum does after a bulk load
     return Seeded(url, big)
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextmanager
