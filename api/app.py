@@ -18,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.deps import KeyCache
-from api.inference import ModelCache, RefCache
 from api.limits import BodyLimit
+from api.model_cache import ModelCache, RefCache
 from api.model_process import ServingOptions
-from api.routers import dashboard, datasets, health, jobs, keys, models, predict, registry
+from api.routers import dashboard, datasets, health, jobs, keys, model_registry, predict, zoo
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
@@ -51,9 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Routes are matched in order: the hot prediction path first.
     for router in (
         predict.router,
-        registry.router,
+        model_registry.router,
         jobs.router,
-        models.router,
+        zoo.router,
         datasets.router,
         keys.router,
         health.router,
@@ -92,7 +92,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
 
 def _warm_up(stop: threading.Event) -> None:
     """Describe the zoo, then exempt what start-up built from garbage collection."""
-    models.warm_up(stop)
+    zoo.warm_up(stop)
     if stop.is_set():
         return
     # Start-up objects (torch, the zoo, the app) live as long as the process. Scanning them

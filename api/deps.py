@@ -14,8 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from api import keys
 from api.cache import TtlCache
 from api.errors import ForbiddenError, UnauthorizedError
-from api.inference import RefCache
 from api.keys import Principal
+from api.model_cache import RefCache
 from core.db.session import get_engine, session_scope
 from core.settings import Settings
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
-from training.inference import Predictor
+from training.predictor import Predictor
 
 _LENGTH = struct.Struct("!Q")
 
@@ -76,7 +76,7 @@ class ServingOptions:
     threads: int = 0  # intra-op threads of each process's forward pass; 0: see `threads_for`
     replicas: int = 1  # processes per model
     device: str = "cpu"
-    fold: bool = True  # serve `training.inference.serving_form` (batch norms folded)
+    fold: bool = True  # serve `training.predictor.serving_form` (batch norms folded)
     start_timeout_s: float = 120.0
 
 

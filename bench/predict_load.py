@@ -46,15 +46,15 @@ from PIL import Image
 from api import keys
 from api.model_process import by_batch_size
 from bench.api_load import bench_database, own_redis_db
-from core import jobs, registry
+from core import jobs, model_registry
 from core.db.session import get_engine, session_scope
 from core.specs import TrainJobSpec
 from tests.conftest import free_port
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
-from training.inference import Predictor
 from training.loop import fit
+from training.predictor import Predictor
 from training.specs import TrainSpec
 
 CONCURRENCY = (1, 8, 64)
@@ -129,7 +129,7 @@ def make_checkpoint(url: str, artifacts: Path) -> None:
         )
         jobs.finish(session=session, job_id=job_id, token=held.token, status="succeeded")
     with session_scope(url) as session:
-        registry.register(session=session, name="bench", job_id=job_id)
+        model_registry.register(session=session, name="bench", job_id=job_id)
 
 
 def sample_png(folder: Path) -> Path:
@@ -331,8 +331,10 @@ def main() -> None:
         with bench_database() as url, own_redis_db() as broker:
             make_checkpoint(url, artifacts)
             with session_scope(url) as session:
-                registry.set_alias(session=session, name="bench", alias="production", version=1)
-                target = registry.resolve(session=session, ref="bench")
+                model_registry.set_alias(
+                    session=session, name="bench", alias="production", version=1
+                )
+                target = model_registry.resolve(session=session, ref="bench")
             get_engine(url).dispose()
             env = {
                 "DATABASE_URL": url,

@@ -36,7 +36,7 @@ from api.errors import (
     UnsupportedImageError,
     responses,
 )
-from api.inference import ModelCache, RefCache
+from api.model_cache import ModelCache, RefCache
 from api.model_process import (
     Closed,
     ForwardError,
@@ -44,7 +44,7 @@ from api.model_process import (
     Probabilities,
     Replicas,
 )
-from api.routers.registry import api_error
+from api.routers.model_registry import api_error
 from api.schemas import (
     API_PREFIX,
     BatcherStats,
@@ -52,12 +52,12 @@ from api.schemas import (
     PredictOut,
     PredictStats,
 )
-from core import registry
+from core import model_registry
 from core.db.session import session_scope
 from core.settings import Settings
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
-from training.inference import ImageRejectedError, fit_to, load_checked, open_checked
+from training.predictor import ImageRejectedError, fit_to, load_checked, open_checked
 
 router = APIRouter(prefix=f"{API_PREFIX}/predict", tags=["predict"])
 PATH = router.prefix  # the body limit of this exact path is sized by `body_limit`
@@ -216,12 +216,12 @@ async def stats(request: Request, _: ReadKey) -> PredictStats:
     return PredictStats(loads=cache.loads, models=models)
 
 
-def _resolve(settings: Settings, ref: str) -> registry.Resolved:
+def _resolve(settings: Settings, ref: str) -> model_registry.Resolved:
     """What `ref` points at, if its checkpoint lies in the artifact store; else its 4xx."""
     with session_scope(settings.database_url) as session:
         try:
-            target = registry.resolve(session=session, ref=ref)
-        except registry.RegistryError as error:
+            target = model_registry.resolve(session=session, ref=ref)
+        except model_registry.RegistryError as error:
             raise api_error(error) from error
     if not Path(target.path).resolve().is_relative_to(settings.artifact_dir.resolve()):
         # Only files the service wrote are ever opened, never a path from elsewhere.
@@ -232,7 +232,7 @@ def _resolve(settings: Settings, ref: str) -> registry.Resolved:
     return target
 
 
-async def _load(cache: ModelCache, target: registry.Resolved) -> Replicas:
+async def _load(cache: ModelCache, target: model_registry.Resolved) -> Replicas:
     """The model of a resolved checkpoint, started after its sha256 check on a miss."""
     try:
         return await cache.get(Path(target.path), target.sha256)
@@ -332,7 +332,7 @@ def _results(
     return results
 
 
-def _served_model(target: registry.Resolved) -> dict[str, object]:
+def _served_model(target: model_registry.Resolved) -> dict[str, object]:
     """The reference as sent and what it resolved to (a ServedModel)."""
     return {
         "ref": target.ref,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from api.cache import SingleFlight
-from api.inference import ModelCache
+from api.model_cache import ModelCache
 from api.model_process import (
     Closed,
     ForwardError,
@@ -36,8 +36,8 @@ from training import checkpoints
 from training.checkpoints import CheckpointError
 from training.datasets import load_dataset
 from training.events import RecordingSink
-from training.inference import Predictor
 from training.loop import fit
+from training.predictor import Predictor
 from training.specs import TrainSpec
 
 T = TypeVar("T")

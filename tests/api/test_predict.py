@@ -23,9 +23,9 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.inference import RefCache
+from api.model_cache import RefCache
 from cli.main import app
-from core import registry
+from core import model_registry
 from core.db.session import session_scope
 from core.db.tables import ModelVersion, RegisteredModel
 from core.settings import Settings
@@ -385,7 +385,7 @@ def test_the_command_line_client_prints_a_table_per_image(
 
 def test_a_resolution_that_straddles_a_registry_write_is_not_kept() -> None:
     refs = RefCache()
-    target = registry.Resolved("m", uuid.uuid4(), "m", 1, "/x.pt", "0" * 64, 1)
+    target = model_registry.Resolved("m", uuid.uuid4(), "m", 1, "/x.pt", "0" * 64, 1)
     before = refs.generation
     refs.clear()  # a registry write committed while the reference was being resolved
     refs.put("m", target, before)

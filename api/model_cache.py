@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.cache import SingleFlight, TtlCache
 from api.model_process import Replicas, ServingOptions
-from core.registry import Resolved
+from core.model_registry import Resolved
 
 
 class ModelCache:

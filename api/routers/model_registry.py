@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import ReadKey, RefsDep, SessionDep, TrainKey
 from api.errors import ApiError, ConflictError, NotFoundError, UnprocessableError, responses
-from api.inference import RefCache
+from api.model_cache import RefCache
 from api.schemas import (
     API_PREFIX,
     AliasIn,
@@ -23,7 +23,7 @@ from api.schemas import (
     RegistryQuery,
     VersionOut,
 )
-from core import registry
+from core import model_registry
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 
 router = APIRouter(prefix=f"{API_PREFIX}/registry", tags=["registry"])
@@ -34,7 +34,7 @@ _ERRORS: dict[int, type[ApiError]] = {
 }
 
 
-def api_error(error: registry.RegistryError) -> ApiError:
+def api_error(error: model_registry.RegistryError) -> ApiError:
     """The shared-shape error of a registry error (its status, its message)."""
     return _ERRORS.get(error.status, UnprocessableError)(str(error))
 
@@ -81,10 +81,10 @@ def register_version(
 ) -> VersionOut:
     """Add a succeeded train job's best or last checkpoint; the model is created on first use."""
     try:
-        version = registry.register(
+        version = model_registry.register(
             session=session, name=name, job_id=body.job, checkpoint=body.checkpoint
         )
-    except registry.RegistryError as error:
+    except model_registry.RegistryError as error:
         raise api_error(error) from error
     _committed(session, refs)  # `name` now means this version
     job = session.get(Job, version.job_id)
@@ -107,8 +107,10 @@ def set_alias(
 ) -> AliasOut:
     """Create or move an alias; the next prediction through it uses the new version."""
     try:
-        row = registry.set_alias(session=session, name=name, alias=alias, version=body.version)
-    except registry.RegistryError as error:
+        row = model_registry.set_alias(
+            session=session, name=name, alias=alias, version=body.version
+        )
+    except model_registry.RegistryError as error:
         raise api_error(error) from error
     _committed(session, refs)
     return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
@@ -123,8 +125,8 @@ def set_alias(
 def delete_alias(name: str, alias: str, session: SessionDep, refs: RefsDep, _: TrainKey) -> None:
     """Predictions through `name@alias` answer 404 from now on."""
     try:
-        registry.delete_alias(session=session, name=name, alias=alias)
-    except registry.RegistryError as error:
+        model_registry.delete_alias(session=session, name=name, alias=alias)
+    except model_registry.RegistryError as error:
         raise api_error(error) from error
     _committed(session, refs)
 
@@ -140,8 +142,8 @@ def delete_version(
 ) -> None:
     """Remove the version (its job and checkpoint stay); 409 while an alias points to it."""
     try:
-        registry.delete_version(session=session, name=name, version=version)
-    except registry.RegistryError as error:
+        model_registry.delete_version(session=session, name=name, version=version)
+    except model_registry.RegistryError as error:
         raise api_error(error) from error
     _committed(session, refs)
 

@@ -12,14 +12,14 @@ import torch
 from PIL import Image
 
 from models.config import SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS
-from models.registry import build
+from models.zoo import build
 from tests import images
 from training import checkpoints
 from training.data import DatasetInfo, TensorSplit
 from training.datasets import load_dataset
 from training.events import RecordingSink
-from training.inference import ImageRejectedError, Predictor, fit_to, open_checked, serving_form
 from training.loop import fit
+from training.predictor import ImageRejectedError, Predictor, fit_to, open_checked, serving_form
 from training.specs import TrainSpec
 
 INFO = DatasetInfo("t", ("a", "b"), 3, (8, 8), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
