@@ -1,7 +1,9 @@
 """One error shape for every failure: `{"error": {"code", "message", "details"}}`.
 
-Each `ApiError` subclass is one HTTP status; routes raise them with a message a user can
-act on. Framework errors (validation, unknown routes, body limits) are rendered the same.
+The domain's errors (`core.errors`) map to one status each, by class, in `DOMAIN_STATUS`;
+routes call the services straight and let them raise. `ApiError` subclasses are the
+refusals that only HTTP has (authentication, scopes, sizes, media types, overload), one
+status each. Framework errors (validation, unknown routes, body limits) look the same.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from api.schemas import ErrorDetail, ErrorOut
+from core.errors import ConflictError, DomainError, InvalidError, NotFoundError
 
 _CODES = {
     400: "bad_request",
@@ -54,18 +57,6 @@ class ForbiddenError(ApiError):
     status = 403
 
 
-class NotFoundError(ApiError):
-    status = 404
-
-
-class ConflictError(ApiError):
-    status = 409
-
-
-class UnprocessableError(ApiError):
-    status = 422
-
-
 class BadImageError(ApiError):
     status = 400
 
@@ -94,6 +85,13 @@ class OverloadedError(ApiError):
     headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
 
 
+DOMAIN_STATUS: dict[type[DomainError], int] = {
+    NotFoundError: 404,
+    ConflictError: 409,
+    InvalidError: 422,
+}
+
+
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route can answer."""
     return {status: {"model": ErrorOut, "description": _CODES[status]} for status in statuses}
@@ -115,6 +113,13 @@ def _render(
 async def _api_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, ApiError)
     return _render(error.status, error.code, error.message, error.details, error.headers or None)
+
+
+async def _domain_error(_request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, DomainError)
+    status = next(DOMAIN_STATUS[cls] for cls in type(error).__mro__ if cls in DOMAIN_STATUS)
+    details = [ErrorDetail(loc=list(error.field), msg=error.message)] if error.field else []
+    return _render(status, _CODES[status], error.message, details)
 
 
 async def _http_error(_request: Request, error: Exception) -> JSONResponse:
@@ -176,5 +181,7 @@ def _child(node: Any, part: str | int) -> Any:
 def install(app: FastAPI) -> None:
     """Render every error of `app` in the shared shape."""
     app.add_exception_handler(ApiError, _api_error)
+    for domain_error in DOMAIN_STATUS:
+        app.add_exception_handler(domain_error, _domain_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

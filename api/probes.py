@@ -1,4 +1,4 @@
-"""Whether the database and the broker answer, and how deep the train queue is."""
+"""Whether the database and the broker answer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import redis
 from sqlalchemy import text
 
 from core.db.session import get_engine
-from core.queue import QUEUE, app_for
+from core.queue import app_for
 from core.settings import Settings
 
 
@@ -26,13 +26,6 @@ def check_broker(settings: Settings) -> None:
         return
     with app_for(settings).connection_for_write(connect_timeout=timeout) as connection:
         connection.ensure_connection(max_retries=1, timeout=timeout)
-
-
-def queue_depth(url: str, timeout: float) -> int | None:
-    """Messages waiting on the train queue (a Redis list); None for other brokers."""
-    if not _is_redis(url):
-        return None
-    return int(_redis(url, timeout).llen(QUEUE))
 
 
 def _is_redis(url: str) -> bool:

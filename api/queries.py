@@ -33,6 +33,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from api.schemas import JobState, LogLine
 from core.db.tables import Event, Job, Metric
+from core.errors import InvalidError
 
 # sort name -> (column, descending); ties are broken by id in the same direction.
 SORTS: dict[str, tuple[InstrumentedAttribute[Any], bool]] = {
@@ -145,9 +146,13 @@ def decode_cursor(cursor: str, sort: str) -> tuple[Any, uuid.UUID]:
         cursor_sort, value, job_id = json.loads(raw)
         after_id = uuid.UUID(job_id)
     except (binascii.Error, ValueError, TypeError) as error:
-        raise ValueError("cursor is not one this API gave out") from error
+        raise InvalidError(
+            "cursor is not one this API gave out", field=("query", "cursor")
+        ) from error
     if cursor_sort != sort:
-        raise ValueError(f"cursor belongs to sort={cursor_sort}, not sort={sort}")
+        raise InvalidError(
+            f"cursor belongs to sort={cursor_sort}, not sort={sort}", field=("query", "cursor")
+        )
     if value is not None and sort.lstrip("-") in ("created", "finished"):
         value = datetime.fromisoformat(value)
     return value, after_id

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import probes
+from core import queue
 from core.db.session import session_scope
 from core.db.tables import JOB_STATUSES, Job
 from core.settings import Settings
@@ -68,14 +68,13 @@ class _ServiceCollector(Collector):
     def _queue_depth(self) -> Iterator[Metric]:
         settings = self.settings
         try:
-            depth = probes.queue_depth(settings.broker_url, settings.probe_timeout_seconds)
+            depth = queue.depth(settings, timeout=settings.probe_timeout_seconds)
         except Exception:  # any broker failure: leave the gauge out of this scrape
             log.exception("cannot read the queue depth for /metrics")
             return
-        if depth is not None:
-            yield GaugeMetricFamily(
-                "resnet_queue_depth", "Job ids waiting on the train queue.", value=depth
-            )
+        yield GaugeMetricFamily(
+            "resnet_queue_depth", "Job ids waiting on the train queue.", value=depth
+        )
 
 
 class RequestMetrics:

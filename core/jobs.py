@@ -17,13 +17,19 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-import models
-from core.db.tables import FINAL_STATUSES, Checkpoint, Event, Job, Metric, utcnow
-from core.specs import EvaluateJobSpec, TrainJobSpec
-
-
-class JobError(ValueError):
-    """A request about a job that cannot be met; the message says why."""
+from core import kinds
+from core.db.tables import (
+    FINAL_STATUSES,
+    Checkpoint,
+    Event,
+    Job,
+    Metric,
+    ModelVersion,
+    RegisteredModel,
+    utcnow,
+)
+from core.errors import ConflictError, NotFoundError
+from core.kinds import JobSpec
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -49,41 +55,34 @@ class Point:
     epoch: float | None = None
 
 
+def get(*, session: Session, job_id: uuid.UUID) -> Job:
+    """The job, or `NotFoundError`."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return job
+
+
 def create(
     *,
     session: Session,
-    spec: TrainJobSpec | EvaluateJobSpec,
+    spec: JobSpec,
     max_attempts: int,
     owner_key_id: uuid.UUID | None = None,
     idempotency_key: str | None = None,
 ) -> Job:
     """Add a queued job for `spec` (flushed, not committed)."""
-    model_name: str | None
-    model_family: str | None
-    depth: int | None
-    if isinstance(spec, TrainJobSpec):
-        model_name = spec.model.name
-        model_family = models.parse_name(model_name).family
-        depth = models.resolve(model_name, **spec.model.options).depth
-        source_job_id = None
-    else:
-        source = session.get(Job, spec.source_job)
-        if source is None or source.kind != "train":
-            raise JobError(f"source_job {spec.source_job} is not a train job of this service")
-        if source.status != "succeeded":
-            raise JobError(f"source_job {spec.source_job} is {source.status}, not succeeded")
-        model_name, model_family, depth = source.model_name, source.model_family, source.depth
-        source_job_id = source.id
+    facts = kinds.get(spec.kind).record(session, spec)
     job = Job(
         kind=spec.kind,
         name=spec.name,
         tags=list(spec.tags),
         spec=spec.model_dump(mode="json"),
-        model_name=model_name,
-        model_family=model_family,
-        depth=depth,
-        dataset_name=spec.dataset.name,
-        source_job_id=source_job_id,
+        model_name=facts.model_name,
+        model_family=facts.model_family,
+        depth=facts.depth,
+        dataset_name=facts.dataset_name,
+        source_job_id=facts.source_job_id,
         max_attempts=max_attempts,
         owner_key_id=owner_key_id,
         idempotency_key=idempotency_key,
@@ -256,9 +255,9 @@ def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
     """Cancel a queued job now; ask a running one to stop (its worker ends it)."""
     job = session.get(Job, job_id, with_for_update=True)
     if job is None:
-        raise JobError(f"job {job_id} does not exist")
+        raise NotFoundError(f"job {job_id} does not exist")
     if job.status in FINAL_STATUSES:
-        raise JobError(f"job {job_id} is already {job.status}")
+        raise ConflictError(f"job {job_id} is already {job.status}")
     if job.status == "queued":
         job.status, job.finished_at = "cancelled", utcnow()
         add_event(session=session, job_id=job_id, level="info", message="cancelled while queued")
@@ -268,26 +267,30 @@ def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
     return job
 
 
-def expired(*, session: Session) -> list[uuid.UUID]:
-    """Running jobs whose lease ran out: their worker died or hangs."""
-    query = select(Job.id).where(Job.status == "running", Job.lease_expires_at < utcnow())
-    return list(session.scalars(query))
-
-
 def delete(*, session: Session, job_id: uuid.UUID) -> Job:
     """Remove a job that is not running; its metrics, checkpoints and events cascade."""
     job = session.get(Job, job_id, with_for_update=True)
     if job is None:
-        raise JobError(f"job {job_id} does not exist")
+        raise NotFoundError(f"job {job_id} does not exist")
     if job.status == "running":
-        raise JobError(f"job {job_id} is running; cancel it first and delete it once it ends")
+        raise ConflictError(f"job {job_id} is running; cancel it first and delete it once it ends")
+    serving = session.execute(
+        select(RegisteredModel.name, ModelVersion.version)
+        .join(ModelVersion, ModelVersion.model_id == RegisteredModel.id)
+        .where(ModelVersion.job_id == job_id)
+    ).all()
+    if serving:
+        versions = ", ".join(f"{name}/{version}" for name, version in serving)
+        raise ConflictError(
+            f"job {job_id} is registered as {versions}; delete those versions first"
+        )
     session.delete(job)
     session.flush()
     return job
 
 
-def requeue_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
-    """Running jobs whose lease ran out, each taken by one reaper once per lease period."""
+def take_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
+    """Take the running jobs whose lease ran out, for re-enqueueing (one reaper, once a lease)."""
     cutoff = utcnow() - timedelta(seconds=lease_seconds)
     abandoned = and_(
         Job.status == "running",
@@ -301,8 +304,8 @@ def requeue_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
     )
 
 
-def requeue_stale_queued(*, session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
-    """The oldest `limit` queued jobs untouched for `older_than_s` (their message may be lost)."""
+def take_stale_queued(*, session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
+    """Take the oldest `limit` queued jobs untouched for `older_than_s` (message maybe lost)."""
     if limit <= 0:
         return []
     stale = and_(

@@ -16,18 +16,11 @@ from sqlalchemy.orm import Session
 
 from core import jobs
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+from core.errors import ConflictError, InvalidError, NotFoundError
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 ALIAS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _REF = re.compile(rf"(?P<name>{NAME.pattern})(?:/(?P<version>\d+)|@(?P<alias>{ALIAS.pattern}))?")
-
-
-class RegistryError(ValueError):
-    """A registry request that cannot be met; `status` is the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -48,15 +41,19 @@ def register(
 ) -> ModelVersion:
     """Add the next version of `name` (created on first use) from a succeeded job."""
     if NAME.fullmatch(name) is None:
-        raise RegistryError(422, f"model name {name!r} must match {NAME.pattern}")
+        raise InvalidError(f"model name {name!r} must match {NAME.pattern}", field=("path", "name"))
     job = session.get(Job, job_id)
     if job is None or job.kind != "train":
-        raise RegistryError(422, f"job {job_id} is not a train job of this service")
+        raise InvalidError(
+            f"job {job_id} is not a train job of this service", field=("body", "job")
+        )
     if job.status != "succeeded":
-        raise RegistryError(409, f"job {job_id} is {job.status}; only succeeded jobs register")
+        raise ConflictError(f"job {job_id} is {job.status}; only succeeded jobs register")
     row = jobs.find_checkpoint(session=session, job_id=job_id, which=checkpoint)
     if row is None:
-        raise RegistryError(422, f"job {job_id} has no {checkpoint} checkpoint")
+        raise InvalidError(
+            f"job {job_id} has no {checkpoint} checkpoint", field=("body", "checkpoint")
+        )
     model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
     if model is None:
         model = RegisteredModel(name=name)
@@ -82,7 +79,7 @@ def register(
 def set_alias(*, session: Session, name: str, alias: str, version: int) -> ModelAlias:
     """Point `alias` at a version; moving it switches traffic for the next request."""
     if ALIAS.fullmatch(alias) is None:
-        raise RegistryError(422, f"alias {alias!r} must match {ALIAS.pattern}")
+        raise InvalidError(f"alias {alias!r} must match {ALIAS.pattern}", field=("path", "alias"))
     target = _version(session, name, version)
     row = session.get(ModelAlias, (target.model_id, alias))
     if row is None:
@@ -96,10 +93,10 @@ def set_alias(*, session: Session, name: str, alias: str, version: int) -> Model
 
 def delete_alias(*, session: Session, name: str, alias: str) -> None:
     """Remove an alias."""
-    model = _model(session, name)
+    model = get_model(session=session, name=name)
     row = session.get(ModelAlias, (model.id, alias))
     if row is None:
-        raise RegistryError(404, f"model {name!r} has no alias {alias!r}")
+        raise NotFoundError(f"model {name!r} has no alias {alias!r}")
     session.delete(row)
 
 
@@ -109,43 +106,43 @@ def delete_version(*, session: Session, name: str, version: int) -> None:
     aliases = session.scalars(select(ModelAlias.alias).where(ModelAlias.version_id == target.id))
     pointing = sorted(aliases)
     if pointing:
-        raise RegistryError(
-            409, f"{name}/{version} is served by alias(es) {', '.join(pointing)}; move them first"
+        raise ConflictError(
+            f"{name}/{version} is served by alias(es) {', '.join(pointing)}; move them first"
         )
     session.delete(target)
 
 
 def resolve(*, session: Session, ref: str) -> Resolved:
-    """The checkpoint a model reference points at, or a 404/422 `RegistryError`."""
+    """The checkpoint a model reference points at, or why not (not found, conflict, invalid)."""
     try:
         job_id = uuid.UUID(ref)
     except ValueError:
         return _resolve_name(session, ref)
     job = session.get(Job, job_id)
     if job is None:
-        raise RegistryError(404, f"job {ref} does not exist")
+        raise NotFoundError(f"job {ref} does not exist")
     if job.status != "succeeded" or job.kind != "train":
-        raise RegistryError(
-            409, f"job {ref} is a {job.status} {job.kind} job; predict needs a succeeded train job"
+        raise ConflictError(
+            f"job {ref} is a {job.status} {job.kind} job; predict needs a succeeded train job"
         )
     row = jobs.find_checkpoint(session=session, job_id=job_id, which="best")
     if row is None:
-        raise RegistryError(409, f"job {ref} has no best checkpoint")
+        raise ConflictError(f"job {ref} has no best checkpoint")
     return Resolved(ref, job_id, None, None, row.path, row.sha256, row.step)
 
 
 def _resolve_name(session: Session, ref: str) -> Resolved:
     match = _REF.fullmatch(ref)
     if match is None:
-        raise RegistryError(
-            422, f"model reference {ref!r} must be a job id, name, name/VERSION or name@ALIAS"
+        raise InvalidError(
+            f"model reference {ref!r} must be a job id, name, name/VERSION or name@ALIAS"
         )
     name, number, alias = match["name"], match["version"], match["alias"]
-    model = _model(session, name)
+    model = get_model(session=session, name=name)
     if alias is not None:
         row = session.get(ModelAlias, (model.id, alias))
         if row is None:
-            raise RegistryError(404, f"model {name!r} has no alias {alias!r}")
+            raise NotFoundError(f"model {name!r} has no alias {alias!r}")
         version = session.get(ModelVersion, row.version_id)
     elif number is not None:
         version = _version(session, name, int(number))
@@ -157,26 +154,27 @@ def _resolve_name(session: Session, ref: str) -> Resolved:
             .limit(1)
         ).first()
     if version is None:
-        raise RegistryError(404, f"model {name!r} has no versions")
+        raise NotFoundError(f"model {name!r} has no versions")
     return Resolved(
         ref, version.job_id, name, version.version, version.path, version.sha256, version.step
     )
 
 
-def _model(session: Session, name: str) -> RegisteredModel:
+def get_model(*, session: Session, name: str) -> RegisteredModel:
+    """The registered model called `name`, or `NotFoundError`."""
     model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
     if model is None:
-        raise RegistryError(404, f"model {name!r} is not registered")
+        raise NotFoundError(f"model {name!r} is not registered")
     return model
 
 
 def _version(session: Session, name: str, version: int) -> ModelVersion:
-    model = _model(session, name)
+    model = get_model(session=session, name=name)
     row = session.scalar(
         select(ModelVersion).where(
             ModelVersion.model_id == model.id, ModelVersion.version == version
         )
     )
     if row is None:
-        raise RegistryError(404, f"model {name!r} has no version {version}")
+        raise NotFoundError(f"model {name!r} has no version {version}")
     return row

@@ -69,3 +69,10 @@ def app_for(settings: Settings) -> Celery:
 def enqueue(job_id: uuid.UUID, *, settings: Settings) -> None:
     """Put a job id on the train queue (call after the job's row is committed)."""
     app_for(settings).send_task(RUN_JOB, args=[str(job_id)], queue=QUEUE)
+
+
+def depth(settings: Settings, *, timeout: float | None = None) -> int:
+    """Messages waiting on the train queue, not counting those a worker holds (any broker)."""
+    with app_for(settings).connection_for_write(connect_timeout=timeout) as connection:
+        declared = connection.default_channel.queue_declare(queue=QUEUE, passive=False)
+        return int(declared.message_count)

@@ -21,6 +21,7 @@ import torch
 
 STEP_FILE = re.compile(r"step-(\d+)\.pt")
 BEST = "best.pt"
+DIRECTORY = "checkpoints"  # a run folder's checkpoints live here
 
 
 class CheckpointError(ValueError):

@@ -131,7 +131,7 @@ def fit(
 
     state = LoopState(warming_up=uses_paper_warmup(recipe, spec.model))
     window = Window(device)
-    checkpoint_dir = out_dir / "checkpoints"
+    checkpoint_dir = out_dir / checkpoints.DIRECTORY
     latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
     if latest is not None:
         restored = checkpoints.load(latest)

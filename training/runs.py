@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import torch
 
 import models
 from training import checkpoints
-from training.data import DatasetInfo
+from training.data import DatasetInfo, LoadedDataset
 from training.datasets import load_dataset
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
@@ -29,14 +31,33 @@ def train(
     device: torch.device | None = None,
     download: bool = False,
     resume: bool = True,
+    prepare: Callable[[LoadedDataset], None] | None = None,
 ) -> dict[str, Any]:
-    """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`."""
+    """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`.
+
+    `prepare` sees the loaded dataset before training starts (the service sets the job's
+    time limits from it). The summary's non-finite numbers are None, as JSON has no NaN.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
     data = load_dataset(spec.dataset, data_root=data_root, download=download)
-    summary = fit(spec, data, out_dir=out_dir, sink=sink, device=device, resume=resume)
+    if prepare is not None:
+        prepare(data)
+    fitted = fit(spec, data, out_dir=out_dir, sink=sink, device=device, resume=resume)
+    summary: dict[str, Any] = json_safe(fitted)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def load_trained_model(

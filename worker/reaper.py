@@ -3,7 +3,7 @@
 Every worker's main process runs one in a thread. That needs no beat process, and it never
 waits behind a training job on the queue (a reap task would, with one job per worker).
 Reapers of several workers do not repeat each other: a job is re-enqueued only after a
-conditional UPDATE takes it (`core.jobs.requeue_*`), once per lease period; and should a
+conditional UPDATE takes it (`core.jobs.take_*`), once per lease period; and should a
 message be duplicated anyway, the claim in the database keeps it from running twice.
 """
 
@@ -12,17 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import lru_cache
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
-from core import jobs
-from core.queue import QUEUE, app_for, enqueue
+from core import jobs, queue
+from core.db.session import session_scope
+from core.queue import enqueue
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,13 +32,14 @@ def interval(settings: Settings) -> float:
 
 def reap_once(settings: Settings) -> list[uuid.UUID]:
     """One pass: end abandoned cancels, re-enqueue expired and lost jobs; returns their ids."""
-    with _session(settings.database_url) as session:
+    # No pooled connection may outlive a pass: prefork children fork from this process.
+    with session_scope(settings.database_url, pooled=False) as session:
         jobs.cancel_abandoned(session=session)
-        expired = jobs.requeue_expired(session=session, lease_seconds=settings.lease_seconds)
-        lost = jobs.requeue_stale_queued(
+        expired = jobs.take_expired(session=session, lease_seconds=settings.lease_seconds)
+        lost = jobs.take_stale_queued(
             session=session,
             older_than_s=LOST_AFTER_LEASES * settings.lease_seconds,
-            limit=jobs.count_queued(session=session) - broker_depth(settings),
+            limit=jobs.count_queued(session=session) - queue.depth(settings),
         )
         for job_id in expired:
             _note(session, job_id, "lease expired (worker died or hung): re-enqueued")
@@ -54,29 +50,9 @@ def reap_once(settings: Settings) -> list[uuid.UUID]:
     return [*expired, *lost]
 
 
-def broker_depth(settings: Settings) -> int:
-    """Messages waiting on the train queue (not counting those a worker holds)."""
-    with app_for(settings).connection_for_write() as connection:
-        declared = connection.default_channel.queue_declare(queue=QUEUE, passive=False)
-        return int(declared.message_count)
-
-
 def _note(session: Session, job_id: uuid.UUID, message: str) -> None:
     jobs.add_event(session=session, job_id=job_id, level="warning", message=message)
     log.warning("job %s: %s", job_id, message)
-
-
-@lru_cache(maxsize=4)
-def _engine(url: str) -> Engine:
-    # No pooled connection may outlive a pass: prefork children fork from this process.
-    sqlite = make_url(url).get_backend_name() == "sqlite"
-    return create_engine(url, poolclass=NullPool, connect_args={"timeout": 30} if sqlite else {})
-
-
-@contextmanager
-def _session(url: str) -> Iterator[Session]:
-    with Session(_engine(url)) as session, session.begin():
-        yield session
 
 
 class Reaper(threading.Thread):

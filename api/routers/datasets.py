@@ -9,8 +9,9 @@ from pathlib import Path
 from fastapi import APIRouter, UploadFile, status
 
 from api.deps import ReadKey, SettingsDep, TrainKey
-from api.errors import UnprocessableError, responses
-from api.schemas import API_PREFIX, DatasetOut, ErrorDetail, UploadOut
+from api.errors import responses
+from api.schemas import API_PREFIX, DatasetOut, UploadOut
+from core.errors import InvalidError
 from training.datasets import available_datasets, unpack_archive
 from training.datasets.archives import ARCHIVE_SUFFIXES
 
@@ -69,5 +70,5 @@ def _described(folder: Path, data_dir: Path) -> UploadOut:
     )
 
 
-def _invalid(message: str) -> UnprocessableError:
-    return UnprocessableError(message, details=[ErrorDetail(loc=["body", "file"], msg=message)])
+def _invalid(message: str) -> InvalidError:
+    return InvalidError(message, field=("body", "file"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from datetime import datetime
 from functools import lru_cache
@@ -17,42 +16,35 @@ from sqlalchemy.orm import Session
 
 from api import queries
 from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
-from api.errors import ConflictError, NotFoundError, UnprocessableError, responses
+from api.errors import responses
 from api.schemas import (
     API_PREFIX,
     CheckpointOut,
-    ErrorDetail,
     JobItem,
     JobOut,
     JobPage,
     JobQuery,
+    KindOut,
     MetricsOut,
     Series,
 )
 from api.stream import job_events
-from core import jobs
+from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
+from core.errors import ConflictError
+from core.kinds import KINDS, JobSpec
 from core.queue import enqueue
 from core.settings import Settings
-from core.specs import JobSpec
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix=f"{API_PREFIX}/jobs", tags=["jobs"])
 
 
-def _job(session: Session, job_id: uuid.UUID) -> Job:
-    """The job row, or 404."""
-    job = session.get(Job, job_id)
-    if job is None:
-        raise NotFoundError(f"job {job_id} does not exist")
-    return job
-
-
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
-    summary="Submit a train or evaluate job",
+    summary="Submit a job (train, evaluate, ...: see /jobs/kinds)",
     responses={
         200: {
             "model": JobOut,
@@ -83,9 +75,6 @@ def submit(
             idempotency_key=idempotency_key,
         )
         session.commit()
-    except jobs.JobError as error:
-        detail = ErrorDetail(loc=["body", "source_job"], msg=str(error))
-        raise UnprocessableError(str(error), details=[detail]) from error
     except IntegrityError:  # the same key, submitted concurrently, won the race
         session.rollback()
         assert idempotency_key is not None
@@ -133,24 +122,26 @@ def list_jobs(params: Annotated[JobQuery, Query()], session: SessionDep, _: Read
         tag=params.tag,
         q=params.q,
     )
-    try:
-        rows, next_cursor = queries.list_jobs(
-            session=session,
-            filters=filters,
-            sort=params.sort,
-            limit=params.limit,
-            cursor=params.cursor,
-        )
-    except ValueError as error:
-        detail = ErrorDetail(loc=["query", "cursor"], msg=str(error))
-        raise UnprocessableError(str(error), details=[detail]) from error
+    rows, next_cursor = queries.list_jobs(
+        session=session,
+        filters=filters,
+        sort=params.sort,
+        limit=params.limit,
+        cursor=params.cursor,
+    )
     return JobPage(items=[JobItem.of(row) for row in rows], next_cursor=next_cursor)
+
+
+@router.get("/kinds", summary="The job kinds", responses=responses(401, 403))
+def list_kinds(_: ReadKey) -> list[KindOut]:
+    """Each kind `POST /jobs` accepts (the spec's `kind`), with what it does."""
+    return [KindOut(kind=kind.name, description=kind.description) for kind in KINDS.values()]
 
 
 @router.get("/{job_id}", summary="Read a job", responses=responses(401, 403, 404, 422))
 def read_job(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> JobOut:
     """Status, attempts, timestamps, worker, device, error, progress, summary and spec."""
-    return JobOut.of(_job(session, job_id))
+    return JobOut.of(jobs.get(session=session, job_id=job_id))
 
 
 @router.post(
@@ -158,12 +149,7 @@ def read_job(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> JobOut:
 )
 def cancel_job(job_id: uuid.UUID, session: SessionDep, _: TrainKey) -> JobOut:
     """A queued job is cancelled now; a running one when its worker next checks (seconds)."""
-    _job(session, job_id)
-    try:
-        job = jobs.request_cancel(session=session, job_id=job_id)
-    except jobs.JobError as error:
-        raise ConflictError(str(error)) from error
-    return JobOut.of(job)
+    return JobOut.of(jobs.request_cancel(session=session, job_id=job_id))
 
 
 @router.delete(
@@ -174,18 +160,9 @@ def cancel_job(job_id: uuid.UUID, session: SessionDep, _: TrainKey) -> JobOut:
 )
 def delete_job(job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey) -> None:
     """Remove a job that is not running (cancel it first), its metrics, events and files."""
-    _job(session, job_id)
-    try:
-        jobs.delete(session=session, job_id=job_id)
-    except jobs.JobError as error:
-        raise ConflictError(str(error)) from error
-    except IntegrityError as error:  # a row that must keep the job refers to it
-        raise ConflictError(
-            f"job {job_id} is still referenced, e.g. by a registered model version of one of "
-            "its checkpoints; remove that first"
-        ) from error
+    jobs.delete(session=session, job_id=job_id)
     session.commit()  # the rows go first: a failed commit leaves the files in place
-    shutil.rmtree(settings.artifact_dir / "jobs" / str(job_id), ignore_errors=True)
+    artifacts.delete_job(settings, job_id)
 
 
 @router.get(
@@ -205,7 +182,7 @@ def read_metrics(
     max_points: Annotated[int, Query(ge=2, le=20_000, description="Per series.")] = 1000,
 ) -> Response:
     """Each series averaged over equal step buckets (point = bucket mean at its last step)."""
-    job = _job(session, job_id)
+    job = jobs.get(session=session, job_id=job_id)
     wanted = tuple(sorted({name for name in (names or "").split(",") if name}))
     body = _curves(settings.database_url, job_id, job.updated_at, wanted, max_points)
     return Response(body, media_type="application/json")
@@ -234,7 +211,7 @@ def _curves(
 )
 def list_checkpoints(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> list[CheckpointOut]:
     """The checkpoint files the job keeps, by step, with their sha256."""
-    _job(session, job_id)
+    jobs.get(session=session, job_id=job_id)
     query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
     return [CheckpointOut.of(row) for row in session.scalars(query)]
 
@@ -264,7 +241,7 @@ def follow_job(
     ] = None,
 ) -> EventSourceResponse:
     """Log lines, new metric points, progress and status until the job ends, then `end`."""
-    _job(session, job_id)
+    jobs.get(session=session, job_id=job_id)
     stream = job_events(
         settings.database_url,
         job_id,

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import ReadKey, RefsDep, SessionDep, TrainKey
-from api.errors import ApiError, ConflictError, NotFoundError, UnprocessableError, responses
+from api.errors import responses
 from api.model_cache import RefCache
 from api.schemas import (
     API_PREFIX,
@@ -27,16 +27,6 @@ from core import model_registry
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 
 router = APIRouter(prefix=f"{API_PREFIX}/registry", tags=["registry"])
-_ERRORS: dict[int, type[ApiError]] = {
-    404: NotFoundError,
-    409: ConflictError,
-    422: UnprocessableError,
-}
-
-
-def api_error(error: model_registry.RegistryError) -> ApiError:
-    """The shared-shape error of a registry error (its status, its message)."""
-    return _ERRORS.get(error.status, UnprocessableError)(str(error))
 
 
 @router.get("", summary="Registered models", responses=responses(401, 403, 422))
@@ -60,10 +50,7 @@ def list_models(
 @router.get("/{name}", summary="A registered model", responses=responses(401, 403, 404, 422))
 def read_model(name: str, session: SessionDep, _: ReadKey) -> RegisteredModelOut:
     """The model's versions and aliases."""
-    row = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
-    if row is None:
-        raise NotFoundError(f"model {name!r} is not registered")
-    return _described(session, [row])[0]
+    return _described(session, [model_registry.get_model(session=session, name=name)])[0]
 
 
 @router.post(
@@ -80,12 +67,9 @@ def register_version(
     _: TrainKey,
 ) -> VersionOut:
     """Add a succeeded train job's best or last checkpoint; the model is created on first use."""
-    try:
-        version = model_registry.register(
-            session=session, name=name, job_id=body.job, checkpoint=body.checkpoint
-        )
-    except model_registry.RegistryError as error:
-        raise api_error(error) from error
+    version = model_registry.register(
+        session=session, name=name, job_id=body.job, checkpoint=body.checkpoint
+    )
     _committed(session, refs)  # `name` now means this version
     job = session.get(Job, version.job_id)
     assert job is not None  # the foreign key keeps it
@@ -106,12 +90,7 @@ def set_alias(
     _: TrainKey,
 ) -> AliasOut:
     """Create or move an alias; the next prediction through it uses the new version."""
-    try:
-        row = model_registry.set_alias(
-            session=session, name=name, alias=alias, version=body.version
-        )
-    except model_registry.RegistryError as error:
-        raise api_error(error) from error
+    row = model_registry.set_alias(session=session, name=name, alias=alias, version=body.version)
     _committed(session, refs)
     return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
 
@@ -124,10 +103,7 @@ def set_alias(
 )
 def delete_alias(name: str, alias: str, session: SessionDep, refs: RefsDep, _: TrainKey) -> None:
     """Predictions through `name@alias` answer 404 from now on."""
-    try:
-        model_registry.delete_alias(session=session, name=name, alias=alias)
-    except model_registry.RegistryError as error:
-        raise api_error(error) from error
+    model_registry.delete_alias(session=session, name=name, alias=alias)
     _committed(session, refs)
 
 
@@ -141,10 +117,7 @@ def delete_version(
     name: str, version: int, session: SessionDep, refs: RefsDep, _: TrainKey
 ) -> None:
     """Remove the version (its job and checkpoint stay); 409 while an alias points to it."""
-    try:
-        model_registry.delete_version(session=session, name=name, version=version)
-    except model_registry.RegistryError as error:
-        raise api_error(error) from error
+    model_registry.delete_version(session=session, name=name, version=version)
     _committed(session, refs)
 
 

@@ -28,11 +28,9 @@ from api.errors import (
     RETRY_AFTER_S,
     ApiError,
     BadImageError,
-    ConflictError,
     OverloadedError,
     ServerFaultError,
     TooLargeError,
-    UnprocessableError,
     UnsupportedImageError,
     responses,
 )
@@ -44,7 +42,6 @@ from api.model_process import (
     Probabilities,
     Replicas,
 )
-from api.routers.model_registry import api_error
 from api.schemas import (
     API_PREFIX,
     BatcherStats,
@@ -52,8 +49,9 @@ from api.schemas import (
     PredictOut,
     PredictStats,
 )
-from core import model_registry
+from core import artifacts, model_registry
 from core.db.session import session_scope
+from core.errors import ConflictError, InvalidError
 from core.settings import Settings
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
@@ -184,9 +182,9 @@ def _files(form: FormData, settings: Settings) -> list[UploadFile]:
     """The uploaded `files` of the form, or 413/422 for too many or none."""
     files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not files:
-        raise UnprocessableError(
+        raise InvalidError(
             "files: send one or more images as multipart/form-data file fields named files",
-            details=[ErrorDetail(loc=["body", "files"], msg="Field required")],
+            field=("body", "files"),
         )
     if len(files) > settings.predict_max_files:
         raise TooLargeError(
@@ -219,11 +217,8 @@ async def stats(request: Request, _: ReadKey) -> PredictStats:
 def _resolve(settings: Settings, ref: str) -> model_registry.Resolved:
     """What `ref` points at, if its checkpoint lies in the artifact store; else its 4xx."""
     with session_scope(settings.database_url) as session:
-        try:
-            target = model_registry.resolve(session=session, ref=ref)
-        except model_registry.RegistryError as error:
-            raise api_error(error) from error
-    if not Path(target.path).resolve().is_relative_to(settings.artifact_dir.resolve()):
+        target = model_registry.resolve(session=session, ref=ref)
+    if not artifacts.is_stored(settings, target.path):
         # Only files the service wrote are ever opened, never a path from elsewhere.
         raise ConflictError(
             f"the checkpoint of {target.ref!r} lies outside the artifact store; "

@@ -6,23 +6,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str) -> Engine:
-    """One engine per database URL per process."""
+def get_engine(url: str, *, pooled: bool = True) -> Engine:
+    """One engine per database URL per process; `pooled=False` keeps no idle connection."""
     parsed = make_url(url)
+    pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        arguments = {"timeout": 30, "check_same_thread": False}
+        engine = create_engine(url, connect_args=arguments, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    if pooled:
+        pool = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
+    return create_engine(url, **pool)
 
 
 def _sqlite_pragmas(connection: object, _record: object) -> None:
@@ -35,12 +41,12 @@ def _sqlite_pragmas(connection: object, _record: object) -> None:
 
 
 @lru_cache(maxsize=8)
-def _factory(url: str) -> sessionmaker[Session]:
-    return sessionmaker(get_engine(url), expire_on_commit=False)
+def _factory(url: str, pooled: bool) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url, pooled=pooled), expire_on_commit=False)
 
 
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
+def session_scope(url: str, *, pooled: bool = True) -> Iterator[Session]:
     """A session whose transaction commits on success and rolls back on error."""
-    with _factory(url)() as session, session.begin():
+    with _factory(url, pooled)() as session, session.begin():
         yield session

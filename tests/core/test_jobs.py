@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job, Metric
-from core.specs import TrainJobSpec
+from core.errors import ConflictError
+from core.kinds import TrainJobSpec
 
 SPEC = TrainJobSpec.model_validate({"model": {"name": "resnet20"}, "dataset": {"name": "digits"}})
 
@@ -107,7 +108,7 @@ def test_cancel_queued_and_running(database_url: str) -> None:
         )
         jobs.finish(session=session, job_id=running, token=claim.token, status="cancelled")
     with session_scope(database_url) as session:
-        with pytest.raises(jobs.JobError, match="already cancelled"):
+        with pytest.raises(ConflictError, match="already cancelled"):
             jobs.request_cancel(session=session, job_id=running)
         count = session.scalar(
             select(func.count()).select_from(Job).where(Job.status == "cancelled")

@@ -1,4 +1,4 @@
-"""The runner's parts: resume fallback, checkpoint rows, time limits, the watchdog, outcomes."""
+"""The worker's parts: resume fallback, checkpoint rows, time limits, the watchdog, outcomes."""
 
 from __future__ import annotations
 
@@ -17,19 +17,12 @@ from core.settings import Settings
 from tests.worker.support import train_spec
 from training.checkpoints import CheckpointInfo
 from training.events import RecordingSink
-from worker.runner import (
-    CANCEL_GRACE_SECONDS,
-    HARD_GRACE_S,
-    MIN_LIMIT_S,
-    TimeLimits,
-    Watchdog,
-    failure,
-    json_safe,
-    keep_verified_latest,
-    recorded_path,
-    time_limits,
-    train_outcome,
-)
+from training.runs import json_safe
+from worker.limits import HARD_GRACE_S, MIN_LIMIT_S, TimeLimits, time_limits
+from worker.outcomes import failure, of_run
+from worker.resume import keep_verified_latest
+from worker.sink import recorded_path
+from worker.watchdog import CANCEL_GRACE_SECONDS, Watchdog
 
 
 def _checkpoint(directory: Path, step: int, data: bytes) -> str:
@@ -152,7 +145,7 @@ def test_the_watchdog_ends_a_stuck_job_and_its_process(
     else:
         watchdog.limits = TimeLimits(0, 0)
     exits: list[int] = []
-    monkeypatch.setattr("worker.runner.os._exit", exits.append)
+    monkeypatch.setattr("worker.watchdog.os._exit", exits.append)
 
     watchdog._enforce_limits()
 
@@ -166,11 +159,11 @@ def test_the_watchdog_ends_a_stuck_job_and_its_process(
 def test_a_run_stopped_by_its_soft_limit_fails_with_the_reason(sqlite_url: str) -> None:
     settings, claim = _claimed(sqlite_url)
     watchdog = Watchdog(settings=settings, claim=claim)
-    assert train_outcome({"stopped": False}, watchdog).status == "succeeded"
+    assert of_run({"stopped": False}, watchdog).status == "succeeded"
     watchdog.limits = TimeLimits(0, 60)
-    outcome = train_outcome({"stopped": True}, watchdog)
+    outcome = of_run({"stopped": True}, watchdog)
     assert outcome.status == "failed"
     assert outcome.error is not None
     assert outcome.error.startswith("exceeded its time limit of 0 s")
     watchdog.cancelled.set()
-    assert train_outcome({"stopped": True}, watchdog).status == "cancelled"
+    assert of_run({"stopped": True}, watchdog).status == "cancelled"

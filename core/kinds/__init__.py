@@ -1,0 +1,49 @@
+"""Job kinds: each is one registered `JobKind` (spec, row facts, run); see `base`.
+
+Adding a kind is one module here that registers itself, imported below. `JobSpec` is the
+union of the registered specs, discriminated by `kind`, that `POST /api/v1/jobs` accepts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Union
+
+from pydantic import Field
+
+from core.errors import InvalidError
+from core.kinds import evaluate, train
+from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext
+from core.kinds.evaluate import EvaluateJobSpec
+from core.kinds.train import TrainJobSpec
+
+__all__ = [
+    "KINDS",
+    "EvaluateJobSpec",
+    "JobKind",
+    "JobSpec",
+    "KindSpec",
+    "RowFacts",
+    "RunContext",
+    "TrainJobSpec",
+    "evaluate",
+    "get",
+    "train",
+]
+
+
+def get(name: str) -> JobKind[Any]:
+    """The kind called `name`, or `InvalidError` naming the kinds there are."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        known = ", ".join(KINDS)
+        raise InvalidError(f"job kind {name!r} is unknown; kinds are {known}") from None
+
+
+if TYPE_CHECKING:
+    JobSpec = KindSpec
+else:
+    JobSpec = Annotated[
+        Union[tuple(kind.spec for kind in KINDS.values())],  # noqa: UP007 (built at run time)
+        Field(discriminator="kind"),
+    ]

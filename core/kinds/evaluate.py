@@ -1,0 +1,122 @@
+"""The evaluate kind: evaluate a checkpoint of a finished train job on a dataset split."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from sqlalchemy.orm import Session
+
+from core import jobs
+from core.db.session import session_scope
+from core.db.tables import Job
+from core.errors import InvalidError, NotFoundError
+from core.kinds.base import JobKind, RowFacts, RunContext, register
+from training.evaluate import Evaluation
+from training.runs import evaluate_checkpoint, json_safe
+from training.specs import DatasetSpec, Spec
+
+
+class EvaluateJobSpec(Spec):
+    """Evaluate a checkpoint of a finished train job on a dataset split."""
+
+    kind: Literal["evaluate"]
+    name: str | None = Field(None, max_length=200)
+    tags: tuple[str, ...] = Field((), max_length=20)
+    source_job: uuid.UUID = Field(description="The train job whose checkpoint is evaluated.")
+    checkpoint: Literal["best", "last"] | int = Field(
+        "best", description="best, last, or a step number."
+    )
+    dataset: DatasetSpec
+    tta: bool = Field(False, description="Average with the horizontally flipped view.")
+
+
+def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
+    """The source job's net, and the dataset; the source must be a succeeded train job."""
+    source = session.get(Job, spec.source_job)
+    where = ("body", "source_job")
+    if source is None or source.kind != "train":
+        raise InvalidError(
+            f"source_job {spec.source_job} is not a train job of this service", field=where
+        )
+    if source.status != "succeeded":
+        raise InvalidError(
+            f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
+        )
+    return RowFacts(
+        dataset_name=spec.dataset.name,
+        model_name=source.model_name,
+        model_family=source.model_family,
+        depth=source.depth,
+        source_job_id=source.id,
+    )
+
+
+def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
+    """Evaluate the source job's checkpoint (verified by its sha256); returns the summary."""
+    settings, sink = context.settings, context.sink
+    with session_scope(settings.database_url) as session:
+        row = jobs.find_checkpoint(session=session, job_id=spec.source_job, which=spec.checkpoint)
+        source = session.get(Job, spec.source_job)
+    if row is None or source is None:
+        raise NotFoundError(f"job {spec.source_job} has no {spec.checkpoint} checkpoint")
+    split = spec.dataset.split
+    sink.on_event(
+        "info",
+        f"evaluating {Path(row.path).name} (step {row.step}) of job {spec.source_job} "
+        f"on {spec.dataset.name} ({split})",
+    )
+    started = time.perf_counter()
+    result = evaluate_checkpoint(
+        Path(row.path),
+        spec.dataset,
+        data_root=settings.data_dir,
+        device=context.device,
+        tta_flip=spec.tta,
+        download=settings.allow_downloads,
+        sha256=row.sha256,
+    )
+    sink.on_metrics(row.step, float(row.epoch), metrics(result, split))
+    test_error = result.error if split == "test" else None
+    summary: dict[str, Any] = json_safe(
+        {
+            "source_job": str(spec.source_job),
+            "checkpoint": {"step": row.step, "path": row.path, "sha256": row.sha256},
+            "dataset": spec.dataset.name,
+            "split": split,
+            "final_test_error": test_error,
+            "best_test_error": test_error,
+            "params": source.params,
+            "macs": source.macs,
+            "wall_time_s": time.perf_counter() - started,
+            **result.as_dict(),
+        }
+    )
+    return summary
+
+
+def metrics(result: Evaluation, split: str) -> dict[str, float]:
+    """An evaluation as metric points: loss, errors, ECE and each class's accuracy."""
+    values = {
+        f"{split}/loss": result.loss,
+        f"{split}/error": result.error,
+        f"{split}/top5_error": result.top5_error,
+        f"{split}/ece": result.ece,
+    }
+    for index, accuracy in enumerate(result.per_class_accuracy):
+        values[f"{split}/class_accuracy/{index}"] = accuracy
+    return values
+
+
+KIND = register(
+    JobKind(
+        name="evaluate",
+        description="Evaluate a checkpoint of a succeeded train job on a dataset split.",
+        spec=EvaluateJobSpec,
+        record=record,
+        run=run,
+    )
+)

@@ -1,0 +1,81 @@
+"""How a job ended, and writing that down: succeeded, cancelled or failed, with why."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from core import jobs
+from core.db.session import session_scope
+from core.settings import Settings
+from worker.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended, for `core.jobs.finish`."""
+
+    status: str
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    details: str | None = None  # a traceback for the event log
+
+
+def of_run(summary: dict[str, Any], watchdog: Watchdog) -> Outcome:
+    """Succeeded, or, for a run that stopped early, cancelled or failed for its time limit."""
+    if watchdog.lost.is_set():
+        raise jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease")
+    if not summary.get("stopped"):
+        return Outcome("succeeded", summary)
+    if watchdog.cancelled.is_set():
+        return Outcome("cancelled", summary)
+    limit = f"{watchdog.limits.soft_s:.0f} s"
+    reason = f"exceeded its time limit of {limit} (estimated from its budget; MAX_JOB_SECONDS)"
+    return Outcome("failed", summary, reason)
+
+
+def failure(error: BaseException) -> Outcome:
+    """A failed outcome: a one-line reason, and the traceback for the event log."""
+    lines = str(error).strip().splitlines()
+    reason = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
+    details = "".join(traceback.format_exception(error))
+    return Outcome("failed", error=reason[:1000], details=details)
+
+
+def record(
+    settings: Settings, claim: jobs.Claim, outcome: Outcome, progress: dict[str, int]
+) -> None:
+    """Write the final progress and the outcome, with a failure's traceback in the log."""
+    try:
+        with session_scope(settings.database_url) as session:
+            jobs.heartbeat(
+                session=session,
+                job_id=claim.job_id,
+                token=claim.token,
+                lease_seconds=settings.lease_seconds,
+                **progress,
+            )
+            if outcome.details:
+                jobs.add_event(
+                    session=session,
+                    job_id=claim.job_id,
+                    level="error",
+                    message=outcome.details,
+                    token=claim.token,
+                )
+            jobs.finish(
+                session=session,
+                job_id=claim.job_id,
+                token=claim.token,
+                status=outcome.status,
+                error=outcome.error,
+                summary=outcome.summary,
+            )
+    except jobs.LeaseLost:
+        log.warning("job %s: lease lost before its outcome was written", claim.job_id)
+        return
+    log.info("job %s: %s", claim.job_id, outcome.status)
