@@ -6,9 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from core.db.tables import ApiKey, Checkpoint, Event, Job
+from core.kinds import KINDS
 
 Scope = Literal["read", "train", "predict", "admin"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -83,7 +84,7 @@ class JobItem(BaseModel):
     """A job as the runs table shows it."""
 
     id: uuid.UUID
-    kind: Literal["train", "evaluate"]
+    kind: str = Field(description="A registered job kind (`GET /api/v1/jobs/kinds`).")
     status: JobStatus
     name: str | None
     tags: list[str]
@@ -184,7 +185,7 @@ class JobQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: list[JobStatus] = Field(default_factory=list, description="Any of these statuses.")
-    kind: Literal["train", "evaluate"] | None = None
+    kind: str | None = Field(None, max_length=32, description="A registered job kind.")
     model: str | None = Field(None, max_length=100, description="Zoo name, e.g. resnet56.")
     family: str | None = Field(None, max_length=32, description="resnet, plain, preact_resnet.")
     dataset: str | None = Field(None, max_length=100)
@@ -193,6 +194,20 @@ class JobQuery(BaseModel):
     sort: JobSort = "-created"
     limit: int = Field(50, ge=1, le=200)
     cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str | None) -> str | None:
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"job kind {kind!r} is unknown; kinds are {', '.join(KINDS)}")
+        return kind
+
+
+class KindOut(BaseModel):
+    """A job kind the service runs."""
+
+    kind: str
+    description: str
 
 
 class JobPage(BaseModel):
@@ -250,6 +265,31 @@ class ModelOut(BaseModel):
     params: int
     macs: int
     input_size: int
+
+
+class OptionChoice(BaseModel):
+    """One value of a zoo option, with a short label in the papers' terms."""
+
+    value: str
+    label: str
+
+
+class ModelOptionOut(BaseModel):
+    """An option of `models.build`: its values, its default, and the nets it applies to."""
+
+    name: str
+    kind: Literal["choice", "number", "boolean"]
+    description: str
+    default: bool | float | str | None = Field(
+        description="The value without the option; null: it depends on the net, as described"
+    )
+    choices: list[OptionChoice] = Field(
+        default_factory=list, description="The values of a choice; empty otherwise"
+    )
+    families: list[str] = Field(description="The families whose nets take the option")
+    shortcut_variants: list[str] | None = Field(
+        default=None, description="The shortcut variants the option goes with; null: any"
+    )
 
 
 class DatasetOut(BaseModel):
