@@ -1,1 +1,1 @@
-"""HTTP API (FastAPI): filled by the service issue; nothing here yet."""
+"""The HTTP API (FastAPI): routers under /api/v1, auth, limits, prediction, the dashboard."""

@@ -1,1 +1,1 @@
-"""Shared by api, worker and the command line: settings (database and specs to come)."""
+"""Shared by api, worker and the command line: settings, database, job kinds, domain services."""

@@ -1,1 +1,1 @@
-"""Training and evaluation engine: filled by the training issue; nothing here yet."""
+"""The training and evaluation engine, pure PyTorch, usable with no service (`training.runs`)."""

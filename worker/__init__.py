@@ -1,1 +1,1 @@
-"""Celery workers: filled by the service issue; nothing here yet."""
+"""Celery workers: claim a job, run its kind under a watchdog, record how it ended."""
