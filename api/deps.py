@@ -11,12 +11,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import keys
 from api.cache import TtlCache
 from api.errors import ForbiddenError, UnauthorizedError
-from api.keys import Principal
 from api.model_cache import RefCache
+from core import keys
 from core.db.session import get_engine, session_scope
+from core.keys import Principal
 from core.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: rs_<prefix>_<secret>.")

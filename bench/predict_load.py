@@ -43,10 +43,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from api import keys
 from api.model_process import by_batch_size
 from bench.api_load import bench_database, own_redis_db
-from core import jobs, model_registry
+from core import jobs, keys, model_registry
 from core.db.session import get_engine, session_scope
 from core.specs import TrainJobSpec
 from tests.conftest import free_port

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db.tables import ApiKey, utcnow
+from core.errors import InvalidError
 
 SCOPES = ("read", "train", "predict", "admin")
 
@@ -38,7 +39,8 @@ def create_key(*, session: Session, name: str, scopes: Iterable[str]) -> tuple[A
     wanted = sorted(set(scopes))
     unknown = [scope for scope in wanted if scope not in SCOPES]
     if unknown or not wanted:
-        raise ValueError(f"scopes must be some of {', '.join(SCOPES)}; got {wanted}")
+        message = f"scopes must be some of {', '.join(SCOPES)}; got {wanted}"
+        raise InvalidError(message, field=("body", "scopes"))
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
     row = ApiKey(name=name, prefix=prefix, secret_sha256=_digest(secret), scopes=wanted)
     session.add(row)

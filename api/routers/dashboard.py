@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from api.deps import CurrentKey, SettingsDep
 from api.errors import responses
-from api.keys import SCOPES
 from api.schemas import API_PREFIX
+from core.keys import SCOPES
 
 router = APIRouter(tags=["dashboard"])
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"

@@ -6,10 +6,11 @@ import uuid
 
 from fastapi import APIRouter, status
 
-from api import keys
 from api.deps import AdminKey, KeysDep, SessionDep
-from api.errors import NotFoundError, responses
+from api.errors import responses
 from api.schemas import API_PREFIX, KeyCreated, KeyIn, KeyOut
+from core import keys
+from core.errors import NotFoundError
 
 router = APIRouter(prefix=f"{API_PREFIX}/keys", tags=["keys"])
 
