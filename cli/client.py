@@ -1,4 +1,4 @@
-"""The client of a running service: `submit`, `jobs`, `watch`, and `keys` (database access).
+"""The client of a running service: `submit`, `jobs`, `watch` and `predict`, over HTTP.
 
 The service's address and API key come from --url / --key, else RESNET_URL / RESNET_KEY.
 """
@@ -6,7 +6,6 @@ The service's address and API key come from --url / --key, else RESNET_URL / RES
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,14 +16,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from api import keys as api_keys
-from cli.main import _pairs, _percent, app
-from core.db.session import session_scope
+from cli.formatting import percent
+from cli.train_options import (
+    DatasetFields,
+    DatasetName,
+    Epochs,
+    Iterations,
+    ModelName,
+    ModelOptions,
+    RecipeFields,
+    train_spec,
+)
 from core.settings import get_settings
 
-keys_app = typer.Typer(help="API keys, written straight to the service's database.")
-app.add_typer(keys_app, name="keys")
-
+API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
 Url = Annotated[
     str | None, typer.Option("--url", help="The service; default: RESNET_URL or 127.0.0.1:8000.")
 ]
@@ -37,7 +42,7 @@ def _client(url: str | None, key: str | None) -> httpx.Client:
     settings = get_settings()
     secret = key or settings.client_key
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    base = (url or settings.client_url).rstrip("/") + "/api/v1"
+    base = (url or settings.client_url).rstrip("/") + API_PREFIX
     return httpx.Client(base_url=base, headers=headers, timeout=30)
 
 
@@ -57,41 +62,14 @@ def _checked(response: httpx.Response) -> Any:
     raise typer.Exit(2 if response.status_code == 422 else 1)
 
 
-def _train_payload(
-    model: str,
-    dataset: str,
-    budget: dict[str, Any],
-    pairs: tuple[list[str] | None, list[str] | None, list[str] | None],
-    name: str | None,
-    tags: list[str] | None,
-) -> dict[str, Any]:
-    """A train spec from command-line options (the service validates it)."""
-    options, dataset_fields, recipe = pairs
-    return {
-        "kind": "train",
-        "name": name,
-        "tags": tags or [],
-        "model": {"name": model, "options": _pairs(options, "--option")},
-        "dataset": {"name": dataset, **_pairs(dataset_fields, "--dataset-option")},
-        "recipe": {**_pairs(recipe, "--recipe"), **budget},
-    }
-
-
-@app.command()
 def submit(
-    model: Annotated[str, typer.Option(help="Zoo name, e.g. resnet20.")] = "resnet20",
-    dataset: Annotated[str, typer.Option(help="Dataset name, e.g. digits.")] = "digits",
-    epochs: Annotated[float | None, typer.Option(help="Budget in epochs.")] = None,
-    iterations: Annotated[int | None, typer.Option(help="Budget in iterations.")] = None,
-    option: Annotated[
-        list[str] | None, typer.Option("--option", "-o", help="Model option key=value.")
-    ] = None,
-    dataset_option: Annotated[
-        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
-    ] = None,
-    recipe: Annotated[
-        list[str] | None, typer.Option("--recipe", "-r", help="Recipe field key=value.")
-    ] = None,
+    model: ModelName = "resnet20",
+    dataset: DatasetName = "digits",
+    epochs: Epochs = None,
+    iterations: Iterations = None,
+    option: ModelOptions = None,
+    dataset_option: DatasetFields = None,
+    recipe: RecipeFields = None,
     name: Annotated[str | None, typer.Option(help="A name for the runs table.")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
     spec_file: Annotated[
@@ -102,12 +80,23 @@ def submit(
     key: Key = None,
 ) -> None:
     """Submit a job to a running service; prints its id."""
-    budget = {k: v for k, v in (("epochs", epochs), ("iterations", iterations)) if v is not None}
-    pairs = (option, dataset_option, recipe)
     payload = (
         json.loads(spec_file.read_text())
         if spec_file
-        else _train_payload(model, dataset, budget, pairs, name, tag)
+        else {
+            "kind": "train",
+            "name": name,
+            "tags": tag or [],
+            **train_spec(
+                model=model,
+                dataset=dataset,
+                epochs=epochs,
+                iterations=iterations,
+                options=option,
+                dataset_fields=dataset_option,
+                recipe=recipe,
+            ),
+        }
     )
     with _client(url, key) as client:
         job = _checked(client.post("/jobs", json=payload))
@@ -116,7 +105,6 @@ def submit(
         watch(job["id"], url=url, key=key)
 
 
-@app.command("jobs")
 def list_jobs(
     status: Annotated[list[str] | None, typer.Option(help="queued, running, ... (repeat).")] = None,
     model: Annotated[str | None, typer.Option(help="Only this zoo name.")] = None,
@@ -158,7 +146,7 @@ def list_jobs(
             job["dataset"] or "",
             job["status"],
             f"{progress['step']:,}/{progress['total_steps'] or '?'}",
-            _percent(job["results"]["best_test_error"]),
+            percent(job["results"]["best_test_error"]),
             job["created_at"][:19].replace("T", " "),
         )
     Console(width=None if Console().is_terminal else 160).print(table)
@@ -222,7 +210,6 @@ class _Watch:
         return None
 
 
-@app.command()
 def watch(
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
     url: Url = None,
@@ -246,47 +233,6 @@ def watch(
         raise typer.Exit(1)
 
 
-@keys_app.command("create")
-def create_key(
-    name: Annotated[str, typer.Option(help="Who or what the key is for.")],
-    scope: Annotated[list[str], typer.Option(help="read, train, predict, admin (repeat).")],
-) -> None:
-    """Create an API key; it is printed this once and cannot be shown again."""
-    with session_scope(get_settings().database_url) as session:
-        try:
-            row, plaintext = api_keys.create_key(session=session, name=name, scopes=scope)
-        except ValueError as error:
-            raise typer.BadParameter(str(error), param_hint="--scope") from error
-        typer.echo(f"created key {row.prefix} ({', '.join(row.scopes)}); store it now:", err=True)
-    typer.echo(plaintext)
-
-
-@keys_app.command("list")
-def list_keys() -> None:
-    """Every API key, without secrets."""
-    table = Table(title="API keys")
-    for column in ("id", "prefix", "name", "scopes", "created", "revoked"):
-        table.add_column(column)
-    with session_scope(get_settings().database_url) as session:
-        for row in api_keys.list_keys(session=session):
-            revoked = row.revoked_at.isoformat(" ", "seconds") if row.revoked_at else ""
-            created = row.created_at.isoformat(" ", "seconds")
-            table.add_row(str(row.id), row.prefix, row.name, ",".join(row.scopes), created, revoked)
-    Console(width=None if Console().is_terminal else 160).print(table)
-
-
-@keys_app.command("revoke")
-def revoke_key(key_id: Annotated[uuid.UUID, typer.Argument(help="The key's id.")]) -> None:
-    """Revoke an API key at once."""
-    with session_scope(get_settings().database_url) as session:
-        row = api_keys.revoke_key(session=session, key_id=key_id)
-    if row is None:
-        typer.echo(f"error: no API key {key_id}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"revoked key {row.prefix}")
-
-
-@app.command()
 def predict(
     images: Annotated[list[Path], typer.Argument(help="PNG, JPEG, WebP or BMP files.")],
     model: Annotated[

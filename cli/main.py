@@ -1,22 +1,16 @@
-"""`resnet-service`: the command line of the service (the zoo now; the service later)."""
+"""`resnet-service`: the command line. Every command is registered here, from its module.
+
+- cli.local: `models`, `train`, `evaluate` (no service needed)
+- cli.client: `submit`, `jobs`, `watch`, `predict` (a running service, over HTTP)
+- cli.keys: `keys create|list|revoke` (the service's database)
+- cli.server: `migrate`, `worker`, `api`, `up` (running the service)
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Annotated, Any
-
-import torch
 import typer
-from pydantic import TypeAdapter, ValidationError
-from rich.console import Console
-from rich.table import Table
 
-import models
-from cli.run_sinks import ProgressSink
-from core.settings import get_settings
-from training import runs
-from training.specs import DatasetSpec, TrainSpec
+from cli import client, keys, local, server
 
 app = typer.Typer(help="Train, evaluate, compare and serve the ResNets of He et al.")
 
@@ -26,210 +20,23 @@ def main() -> None:
     """Train, evaluate, compare and serve the ResNets of He et al. (2015, 2016)."""
 
 
-@app.command("models")
-def list_zoo(
-    names: Annotated[
-        list[str] | None, typer.Argument(help="Models to show (any valid name); default all.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    num_classes: Annotated[int, typer.Option(min=1, help="Classifier outputs.")] = 10,
-) -> None:
-    """The model zoo: every network of both papers with its parameters and MACs."""
-    # A pipe or a test runner gets the full table rather than an 80-column squeeze.
-    console = Console(width=None if Console().is_terminal else 120)
-    with console.status("Counting parameters and MACs..."):
-        try:
-            rows = [
-                models.describe(n, num_classes=num_classes) for n in names or models.list_models()
-            ]
-        except ValueError as error:
-            raise typer.BadParameter(str(error), param_hint="NAMES") from error
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(title=f"ResNet model zoo ({num_classes} classes, MACs per image)")
-    for column in ("name", "family", "input", "depth", "block", "unit", "params", "MACs"):
-        numeric = column in ("depth", "params", "MACs")
-        table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
-    for row in rows:
-        size = row["default_input_size"]
-        table.add_row(
-            row["name"],
-            row["family"],
-            f"{row['stem']} {size}x{size}",
-            str(row["depth"]),
-            row["block"],
-            row["unit"],
-            f"{row['params']:,}",
-            _si(row["macs"]),
-        )
-    console.print(table)
+app.command("models")(local.list_zoo)
+app.command("train")(local.train)
+app.command("evaluate")(local.evaluate)
 
+app.command("submit")(client.submit)
+app.command("jobs")(client.list_jobs)
+app.command("watch")(client.watch)
 
-def _si(value: int) -> str:
-    """1234567 -> '1.23M'."""
-    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= threshold:
-            return f"{value / threshold:.2f}{suffix}"
-    return str(value)
+keys_app = typer.Typer(help="API keys, written straight to the service's database.")
+keys_app.command("create")(keys.create_key)
+keys_app.command("list")(keys.list_keys)
+keys_app.command("revoke")(keys.revoke_key)
+app.add_typer(keys_app, name="keys")
 
+app.command("predict")(client.predict)
 
-def _pairs(items: list[str] | None, what: str) -> dict[str, Any]:
-    """`key=value` items to a dict; values are read as JSON when they parse, else as text."""
-    result: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"expected key=value, got {item!r}", param_hint=what)
-        try:
-            result[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            result[key] = raw
-    return result
-
-
-def _spec_or_exit(payload: dict[str, Any]) -> TrainSpec:
-    try:
-        return TrainSpec.model_validate(payload)
-    except ValidationError as error:
-        for problem in error.errors():
-            where = ".".join(str(part) for part in problem["loc"])
-            typer.echo(f"error: {where}: {problem['msg']}", err=True)
-        raise typer.Exit(2) from error
-
-
-@app.command()
-def train(
-    model: Annotated[str, typer.Option(help="Zoo name, e.g. resnet20.")] = "resnet20",
-    dataset: Annotated[str, typer.Option(help="Dataset name, e.g. digits, cifar10.")] = "digits",
-    out: Annotated[Path, typer.Option(help="Run folder: checkpoints, metrics, summary.")] = Path(
-        "var/runs/latest"
-    ),
-    epochs: Annotated[float | None, typer.Option(help="Budget in epochs.")] = None,
-    iterations: Annotated[int | None, typer.Option(help="Budget in iterations.")] = None,
-    option: Annotated[
-        list[str] | None, typer.Option("--option", "-o", help="Model option key=value.")
-    ] = None,
-    dataset_option: Annotated[
-        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
-    ] = None,
-    recipe: Annotated[
-        list[str] | None,
-        typer.Option("--recipe", "-r", help="Recipe field key=value, e.g. lr=0.05."),
-    ] = None,
-    spec_file: Annotated[
-        Path | None, typer.Option("--spec", help="A whole train spec as JSON instead.")
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="cpu, cuda, cuda:1; default: cuda if any.")
-    ] = None,
-    data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the run folder's checkpoint.")] = True,
-) -> None:
-    """Train a model locally, with no server; ends with a summary table."""
-    if spec_file is not None:
-        spec = _spec_or_exit(json.loads(spec_file.read_text()))
-    else:
-        recipe_fields = _pairs(recipe, "--recipe")
-        if epochs is not None:
-            recipe_fields["epochs"] = epochs
-        if iterations is not None:
-            recipe_fields["iterations"] = iterations
-        spec = _spec_or_exit(
-            {
-                "model": {"name": model, "options": _pairs(option, "--option")},
-                "dataset": {"name": dataset, **_pairs(dataset_option, "--dataset-option")},
-                "recipe": recipe_fields,
-            }
-        )
-    settings = get_settings()
-    console = Console()
-    with ProgressSink(out, console) as sink:
-        summary = runs.train(
-            spec,
-            data_root=data_root or settings.data_dir,
-            out_dir=out,
-            sink=sink,
-            device=torch.device(device) if device else None,
-            download=settings.allow_downloads,
-            resume=resume,
-        )
-    table = _facts(
-        f"{spec.model.name} on {summary['dataset']}",
-        ("steps", f"{summary['steps']:,} / {summary['total_steps']:,}"),
-        ("params", f"{summary['params']:,}"),
-        ("MACs / image", _si(summary["macs"])),
-        ("final test error", _percent(summary["final_test_error"])),
-        ("best test error", _percent(summary["best_test_error"])),
-        ("train images/s", f"{summary['images_per_s'] or 0:,.0f}"),
-        ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        ("run folder", str(out)),
-    )
-    console.print(table)
-
-
-@app.command("evaluate")
-def evaluate_command(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file (step-N.pt, best.pt).")],
-    dataset: Annotated[str, typer.Option(help="Dataset name.")] = "digits",
-    split: Annotated[str, typer.Option(help="train, val or test.")] = "test",
-    dataset_option: Annotated[
-        list[str] | None, typer.Option("--dataset-option", "-d", help="Dataset field key=value.")
-    ] = None,
-    tta: Annotated[bool, typer.Option(help="Average with the flipped view.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda; default: cuda if any.")] = None,
-    data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
-) -> None:
-    """Evaluate a checkpoint: error, top-5, per-class accuracy, calibration."""
-    payload = {"name": dataset, "split": split, **_pairs(dataset_option, "--dataset-option")}
-    try:
-        dataset_spec = TypeAdapter(DatasetSpec).validate_python(payload)
-        result = runs.evaluate_checkpoint(
-            checkpoint,
-            dataset_spec,
-            data_root=data_root or get_settings().data_dir,
-            device=torch.device(device) if device else None,
-            tta_flip=tta,
-        )
-    except (ValidationError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from error
-    if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
-        return
-    table = _facts(
-        f"{checkpoint} on {dataset} ({split})",
-        ("images", f"{result.count:,}"),
-        ("loss", f"{result.loss:.4f}"),
-        ("top-1 error", _percent(result.error)),
-        ("top-5 error", _percent(result.top5_error)),
-        ("calibration error (ECE)", f"{result.ece:.4f}"),
-        ("images/s", f"{result.images_per_s:,.0f}"),
-    )
-    per_class = Table(title="per-class accuracy")
-    per_class.add_column("class")
-    per_class.add_column("accuracy", justify="right")
-    for name, accuracy in zip(result.classes, result.per_class_accuracy, strict=True):
-        per_class.add_row(name, _percent(accuracy))
-    console = Console()
-    console.print(table)
-    console.print(per_class)
-
-
-def _facts(title: str, *rows: tuple[str, str]) -> Table:
-    """A two-column table of labelled values."""
-    table = Table(title=title)
-    table.add_column("")
-    table.add_column("value", justify="right")
-    for label, value in rows:
-        table.add_row(label, value)
-    return table
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
-
-
-from cli import client as _client  # noqa: E402,F401
-from cli import server as _server  # noqa: E402,F401
+app.command("migrate")(server.migrate)
+app.command("worker")(server.worker)
+app.command("api")(server.api)
+app.command("up")(server.up)

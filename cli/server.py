@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.panel import Panel
 from sqlalchemy.engine import make_url
 
-from cli.main import app
 from core.db import schema
 from core.queue import QUEUE
 from core.settings import Settings, get_settings
@@ -32,7 +31,6 @@ HEALTH_PATH = "/api/v1/healthz"
 STOP_GRACE_S = 15.0  # how long a child may take to stop before it is killed
 
 
-@app.command()
 def migrate() -> None:
     """Upgrade the database to the code's schema (alembic upgrade head)."""
     url = get_settings().database_url
@@ -40,7 +38,6 @@ def migrate() -> None:
     typer.echo(f"database {make_url(url).render_as_string(hide_password=True)} is at head")
 
 
-@app.command()
 def worker(
     device: Annotated[
         str | None, typer.Option(help="cuda:0, cpu; default DEVICE, else the first GPU.")
@@ -79,7 +76,6 @@ def worker_argv(name: str, loglevel: str) -> list[str]:
     ]
 
 
-@app.command()
 def api(
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 for all.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
@@ -90,7 +86,6 @@ def api(
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
 
 
-@app.command()
 def up(
     host: Annotated[str, typer.Option(help="Interface of the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
