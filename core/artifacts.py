@@ -15,6 +15,10 @@ import shutil
 import uuid
 from pathlib import Path
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.db.tables import Checkpoint
 from core.settings import Settings
 
 JOBS = "jobs"
@@ -38,3 +42,13 @@ def delete_job(settings: Settings, job_id: uuid.UUID) -> None:
 def is_stored(settings: Settings, path: str | Path) -> bool:
     """Whether `path` lies in the store (only files the service wrote are ever opened)."""
     return Path(path).resolve().is_relative_to(root(settings))
+
+
+def find_checkpoint(*, session: Session, job_id: uuid.UUID, which: str | int) -> Checkpoint | None:
+    """A job's checkpoint row: "best", "last" (highest step) or the one at a step number."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    if which == "best":
+        query = query.where(Checkpoint.is_best.is_(True))
+    elif which != "last":
+        query = query.where(Checkpoint.step == int(which))
+    return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).first()

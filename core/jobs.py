@@ -29,7 +29,7 @@ from core.db.tables import (
     utcnow,
 )
 from core.errors import ConflictError, NotFoundError
-from core.kinds import JobSpec
+from core.kinds.base import KindSpec
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -66,7 +66,7 @@ def get(*, session: Session, job_id: uuid.UUID) -> Job:
 def create(
     *,
     session: Session,
-    spec: JobSpec,
+    spec: KindSpec,
     max_attempts: int,
     owner_key_id: uuid.UUID | None = None,
     idempotency_key: str | None = None,
@@ -349,13 +349,3 @@ def cancel_abandoned(*, session: Session) -> list[uuid.UUID]:
             message="cancelled (its worker had stopped)",
         )
     return ids
-
-
-def find_checkpoint(*, session: Session, job_id: uuid.UUID, which: str | int) -> Checkpoint | None:
-    """A job's checkpoint row: "best", "last" (highest step) or the one at a step number."""
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
-    if which == "best":
-        query = query.where(Checkpoint.is_best.is_(True))
-    elif which != "last":
-        query = query.where(Checkpoint.step == int(which))
-    return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).first()

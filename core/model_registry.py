@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import artifacts
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 from core.errors import ConflictError, InvalidError, NotFoundError
 
@@ -49,7 +49,7 @@ def register(
         )
     if job.status != "succeeded":
         raise ConflictError(f"job {job_id} is {job.status}; only succeeded jobs register")
-    row = jobs.find_checkpoint(session=session, job_id=job_id, which=checkpoint)
+    row = artifacts.find_checkpoint(session=session, job_id=job_id, which=checkpoint)
     if row is None:
         raise InvalidError(
             f"job {job_id} has no {checkpoint} checkpoint", field=("body", "checkpoint")
@@ -125,7 +125,7 @@ def resolve(*, session: Session, ref: str) -> Resolved:
         raise ConflictError(
             f"job {ref} is a {job.status} {job.kind} job; predict needs a succeeded train job"
         )
-    row = jobs.find_checkpoint(session=session, job_id=job_id, which="best")
+    row = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
     if row is None:
         raise ConflictError(f"job {ref} has no best checkpoint")
     return Resolved(ref, job_id, None, None, row.path, row.sha256, row.step)

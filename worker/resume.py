@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from core import artifacts, jobs
+from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Checkpoint
 from core.settings import Settings
@@ -41,7 +41,7 @@ def recorded_sha256(settings: Settings, job_id: uuid.UUID) -> dict[str, str]:
 def recorded_best(settings: Settings, job_id: uuid.UUID, directory: Path) -> CheckpointInfo | None:
     """The best checkpoint an earlier attempt recorded, as its step file."""
     with session_scope(settings.database_url) as session:
-        row = jobs.find_checkpoint(session=session, job_id=job_id, which="best")
+        row = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
         if row is None:
             return None
         path = directory / f"step-{row.step}.pt"

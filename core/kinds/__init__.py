@@ -1,7 +1,8 @@
 """Job kinds: each is one registered `JobKind` (spec, row facts, run); see `base`.
 
-Adding a kind is one module here that registers itself, imported below. `JobSpec` is the
-union of the registered specs, discriminated by `kind`, that `POST /api/v1/jobs` accepts.
+Adding a kind is one module here defining its `KIND`, and one entry in the registration
+below (whose order is the order the API lists them in). `JobSpec` is the union of the
+registered specs, discriminated by `kind`, that `POST /api/v1/jobs` accepts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import Field
 
 from core.errors import InvalidError
 from core.kinds import evaluate, train
-from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext
+from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext, register
 from core.kinds.evaluate import EvaluateJobSpec
 from core.kinds.train import TrainJobSpec
 
@@ -29,6 +30,9 @@ __all__ = [
     "get",
     "train",
 ]
+
+register(train.KIND)
+register(evaluate.KIND)
 
 
 def get(name: str) -> JobKind[Any]:

@@ -10,11 +10,11 @@ from typing import Any, Literal
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
-from core.kinds.base import JobKind, RowFacts, RunContext, register
+from core.kinds.base import JobKind, RowFacts, RunContext
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
 from training.specs import DatasetSpec, Spec
@@ -59,7 +59,9 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
     """Evaluate the source job's checkpoint (verified by its sha256); returns the summary."""
     settings, sink = context.settings, context.sink
     with session_scope(settings.database_url) as session:
-        row = jobs.find_checkpoint(session=session, job_id=spec.source_job, which=spec.checkpoint)
+        row = artifacts.find_checkpoint(
+            session=session, job_id=spec.source_job, which=spec.checkpoint
+        )
         source = session.get(Job, spec.source_job)
     if row is None or source is None:
         raise NotFoundError(f"job {spec.source_job} has no {spec.checkpoint} checkpoint")
@@ -111,12 +113,10 @@ def metrics(result: Evaluation, split: str) -> dict[str, float]:
     return values
 
 
-KIND = register(
-    JobKind(
-        name="evaluate",
-        description="Evaluate a checkpoint of a succeeded train job on a dataset split.",
-        spec=EvaluateJobSpec,
-        record=record,
-        run=run,
-    )
+KIND = JobKind(
+    name="evaluate",
+    description="Evaluate a checkpoint of a succeeded train job on a dataset split.",
+    spec=EvaluateJobSpec,
+    record=record,
+    run=run,
 )

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 import models
 from core import artifacts
-from core.kinds.base import JobKind, RowFacts, RunContext, register
+from core.kinds.base import JobKind, RowFacts, RunContext
 from training import runs
 from training.data import LoadedDataset
 from training.recipe import total_iterations
@@ -59,12 +59,10 @@ def budget(spec: TrainJobSpec, data: LoadedDataset) -> tuple[int, float]:
     return steps, float(described["macs"] * recipe.batch_size)
 
 
-KIND = register(
-    JobKind(
-        name="train",
-        description="Train a net of the zoo on a dataset with a recipe.",
-        spec=TrainJobSpec,
-        record=record,
-        run=run,
-    )
+KIND = JobKind(
+    name="train",
+    description="Train a net of the zoo on a dataset with a recipe.",
+    spec=TrainJobSpec,
+    record=record,
+    run=run,
 )

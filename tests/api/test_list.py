@@ -15,7 +15,7 @@ from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.conftest import claim, finish, new_job
+from tests.api.helpers import claim, finish, new_job
 
 JOBS = "/api/v1/jobs"
 MODELS = ("resnet20", "resnet56", "plain20")
@@ -173,6 +173,7 @@ def test_list_items_carry_progress_results_and_links(client: TestClient, seeded:
         ({"limit": 201}, ["query", "limit"]),
         ({"status": "paused"}, ["query", "status", 0]),
         ({"colour": "red"}, ["query", "colour"]),
+        ({"kind": "finetune"}, ["query", "kind"]),
     ],
 )
 def test_bad_list_parameters_are_422(
@@ -188,3 +189,14 @@ def test_a_cursor_of_another_sort_is_refused(client: TestClient, seeded: list[Ro
     response = client.get(JOBS, params={"sort": "-finished", "cursor": cursor})
     assert response.status_code == 422
     assert "sort=created" in response.json()["error"]["message"]
+
+
+def test_the_job_kinds_are_listed_and_filter_the_jobs(
+    client: TestClient, seeded: list[Row]
+) -> None:
+    kinds = client.get(f"{JOBS}/kinds").json()
+    assert [kind["kind"] for kind in kinds] == ["train", "evaluate"]
+    assert all(kind["description"] for kind in kinds)
+    ids, _ = _all_pages(client, kind="train", limit=50)
+    assert len(ids) == len(seeded)
+    assert _all_pages(client, kind="evaluate")[0] == []

@@ -1,0 +1,118 @@
+"""The layout's rules, read from the source: imports point one way and never go round."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("api", "worker", "training", "models", "core", "cli")
+# Who may import whom (DESIGN: api and worker use core, training and models; training uses
+# models; models uses only torch; the command line sits above all of them but api).
+ALLOWED = {
+    "models": {"models"},
+    "training": {"training", "models"},
+    "core": {"core", "training", "models"},
+    "worker": {"worker", "core", "training", "models"},
+    "api": {"api", "core", "training", "models"},
+    "cli": {"cli", "worker", "core", "training", "models"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every product module by dotted name."""
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _package(name: str, path: Path) -> str:
+    """The package a module's relative imports start from."""
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(tree: ast.AST, package: str, *, top_level_only: bool) -> Iterator[str]:
+    """The dotted names a module imports (relative imports resolved against `package`)."""
+    nodes = ast.iter_child_nodes(tree) if top_level_only else ast.walk(tree)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level imports between product modules."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        imported = set(_imports(tree, _package(name, path), top_level_only=True))
+        graph[name] = {target for target in imported if target in modules and target != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_product_module_imports_round_in_a_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_imports_point_one_way_between_packages() -> None:
+    wrong = []
+    for name, path in _modules().items():
+        package = name.split(".")[0]
+        tree = ast.parse(path.read_text())
+        for target in set(_imports(tree, _package(name, path), top_level_only=False)):
+            top = target.split(".")[0]
+            if top in PACKAGES and top not in ALLOWED[package]:
+                wrong.append(f"{name} imports {target}")
+    assert sorted(wrong) == []
