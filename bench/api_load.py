@@ -40,14 +40,12 @@ from pathlib import Path
 import httpx
 import psycopg
 import redis
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
 
 from api import queries
 from core.db import schema
-from core.db.session import get_engine, session_scope
-from core.specs import TrainJobSpec
-from tests.conftest import POSTGRES_ADMIN_URL, REDIS_URL, free_port
+from core.db.session import session_scope
+from core.kinds import TrainJobSpec
+from tests.services import REDIS_URL, free_port, throwaway_database
 
 MODELS = (
     *("resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "plain20", "plain56"),
@@ -71,20 +69,10 @@ class Seeded:
 
 @contextmanager
 def bench_database() -> Iterator[str]:
-    """A new, migrated database that is dropped afterwards."""
-    name = f"resnet_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    try:
+    """A new, migrated database (`resnet_bench_<random>`) that is dropped afterwards."""
+    with throwaway_database("resnet_bench") as url:
         schema.upgrade(url)
         yield url
-    finally:
-        get_engine(url).dispose()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _spec_json(model: str, dataset: str) -> str:

@@ -47,8 +47,8 @@ from api.model_process import by_batch_size
 from bench.api_load import bench_database, own_redis_db
 from core import jobs, keys, model_registry
 from core.db.session import get_engine, session_scope
-from core.specs import TrainJobSpec
-from tests.conftest import free_port
+from core.kinds import TrainJobSpec
+from tests.services import free_port
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink

@@ -1,72 +1,42 @@
-"""Shared fixtures: a fresh, migrated database per test module (Postgres or SQLite)."""
+"""Shared fixtures: a fresh, migrated database per test module (Postgres or SQLite), and a
+Redis database of the module's own."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
-from starlette.types import ASGIApp
+import redis
 
 from core.db import schema
-
-# The services CI starts (.ci/run); a test that needs one fails when it is down.
-POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379"
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serve(app: ASGIApp) -> Iterator[str]:
-    """`app` served by uvicorn on a free port of 127.0.0.1, in a thread; its base URL."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-api", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "uvicorn stopped while starting"
-        assert time.monotonic() < deadline, "uvicorn did not start within 30 s"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+from tests.services import REDIS_URL, throwaway_database
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
     """A new database `resnet_test_<random>`, migrated to head, dropped afterwards."""
-    name = f"resnet_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    schema.upgrade(url)
-    yield url
-    from core.db.session import get_engine
+    with throwaway_database() as url:
+        schema.upgrade(url)
+        yield url
 
-    get_engine(url).dispose()
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+
+@pytest.fixture(scope="module")
+def redis_broker_url() -> Iterator[str]:
+    """A Redis database number no other test run holds (a lock key marks it), flushed."""
+    token = uuid.uuid4().hex
+    for number in range(1, 16):
+        client = redis.Redis.from_url(f"{REDIS_URL}/{number}")
+        if client.set("resnet-test-lock", token, nx=True, ex=3600):
+            client.flushdb()
+            client.set("resnet-test-lock", token, ex=3600)
+            yield f"{REDIS_URL}/{number}"
+            client.flushdb()
+            client.close()
+            return
+        client.close()
+    raise RuntimeError("every Redis database 1-15 is held by another test run")
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,10 @@ from cli.main import app
 from core import model_registry
 from core.db.session import session_scope
 from core.db.tables import ModelVersion, RegisteredModel
+from core.kinds import TrainJobSpec
 from core.settings import Settings
-from core.specs import TrainJobSpec
 from tests import images
-from tests.api.conftest import make_key, new_job, trained_job
+from tests.api.helpers import make_key, new_job, trained_job
 from tests.worker.support import (
     WorkerProcess,
     recipe,

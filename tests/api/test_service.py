@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
 
 from api.app import create_app
 from core import jobs
 from core.db import schema
-from core.db.session import get_engine, session_scope
+from core.db.session import session_scope
 from core.settings import Settings
-from tests.api.conftest import claim, new_job
-from tests.conftest import POSTGRES_ADMIN_URL
+from tests.api.helpers import claim, new_job
+from tests.services import throwaway_database
 
 API = "/api/v1"
 
@@ -79,15 +77,8 @@ def test_every_route_documents_a_summary_and_its_errors(anonymous: TestClient) -
 @pytest.fixture
 def empty_database() -> Iterator[str]:
     """A database with no tables at all."""
-    name = f"resnet_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    yield url
-    get_engine(url).dispose()
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    with throwaway_database() as url:
+        yield url
 
 
 def test_the_api_refuses_an_unmigrated_database_unless_told_to_migrate(

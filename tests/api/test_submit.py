@@ -13,13 +13,13 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from api import keys
 from api.app import create_app
+from core import keys
 from core.db.session import session_scope
 from core.db.tables import ApiKey, Job
 from core.queue import QUEUE, RUN_JOB
 from core.settings import Settings
-from tests.api.conftest import TRAIN, claim, finish, make_key, new_job
+from tests.api.helpers import TRAIN, claim, finish, make_key, new_job
 
 JOBS = "/api/v1/jobs"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.services import free_port
 from tests.worker.support import BIN, recipe, wait_for
 
 pytestmark = pytest.mark.slow

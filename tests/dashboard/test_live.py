@@ -14,7 +14,7 @@ from PIL import Image
 from playwright.sync_api import Page, expect
 
 from core.settings import Settings
-from tests.dashboard.conftest import Server, chart_data, screenshot, visit
+from tests.dashboard.helpers import Server, chart_data, screenshot, visit
 from tests.worker.support import WorkerProcess, recipe, service_env, wait_status
 from training.data import TensorSplit
 from training.datasets import load_dataset

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.api.conftest import make_key, new_job
-from tests.dashboard.conftest import Server, open_page, screenshot, visit
+from tests.api.helpers import make_key, new_job
+from tests.dashboard.helpers import Server, open_page, screenshot, visit
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""Helpers of the worker tests: real worker processes, job submission, polling with deadlines."""
+"""Helpers of the worker tests: real worker processes and the service they make up, job
+submission, polling with deadlines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,12 +20,14 @@ from sqlalchemy import func, select
 from core import jobs, queue
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Event, Job, Metric
+from core.kinds import EvaluateJobSpec, TrainJobSpec
 from core.settings import Settings
-from core.specs import EvaluateJobSpec, TrainJobSpec
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
 LOG_EVERY = 11  # digits with batch 64 and no validation split: 22 steps per epoch
+LEASE_SECONDS = 6
+HEARTBEAT_SECONDS = 1.0
 
 
 def recipe(epochs: int) -> dict[str, Any]:
@@ -97,6 +101,48 @@ class WorkerProcess:
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=15)
         self.kill_all()
+
+
+@dataclass
+class Service:
+    """A database, a broker, artifact storage and the worker processes serving them."""
+
+    settings: Settings
+    root: Path
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.settings.database_url
+
+    def start(self, *names: str) -> None:
+        """Start workers (in parallel) and wait until each is ready."""
+        env = service_env(self.settings, self.root / "artifacts")
+        for name in names:
+            self.workers[name] = WorkerProcess(name, env, self.root / f"{name}.log")
+        for name in names:
+            self.workers[name].wait_ready()
+
+    def stop(self) -> None:
+        """Stop every worker, killing what does not stop."""
+        for worker in self.workers.values():
+            worker.stop()
+
+    def logs(self) -> str:
+        """All worker output (for assertion messages)."""
+        return "\n".join(f"--- {n}\n{w.output()[-3000:]}" for n, w in self.workers.items())
+
+
+def make_settings(database_url: str, broker_url: str, root: Path) -> Settings:
+    """The settings the tests and their workers share."""
+    return Settings(
+        database_url=database_url,
+        broker_url=broker_url,
+        artifact_dir=root / "artifacts",
+        data_dir=root / "data",
+        lease_seconds=LEASE_SECONDS,
+        heartbeat_seconds=HEARTBEAT_SECONDS,
+    )
 
 
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str, every: float = 0.1) -> T:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from core.specs import EvaluateJobSpec
-from tests.worker.conftest import Service, make_settings
+from core.kinds import EvaluateJobSpec
 from tests.worker.support import (
+    Service,
     checkpoint_rows,
+    make_settings,
     messages,
     metric_counts,
     metric_steps,

@@ -19,10 +19,11 @@ from sqlalchemy import select, update
 from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job, Metric, utcnow
-from core.specs import EvaluateJobSpec
-from tests.worker.conftest import LEASE_SECONDS, Service
+from core.kinds import EvaluateJobSpec
 from tests.worker.support import (
+    LEASE_SECONDS,
     LOG_EVERY,
+    Service,
     checkpoint_rows,
     job,
     job_pid,

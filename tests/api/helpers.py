@@ -1,0 +1,108 @@
+"""Helpers of the API tests: keys, jobs made and moved directly in the database, a trained
+job with real checkpoints, a Redis database of a module's own."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import redis
+
+from core import jobs, keys
+from core.db.session import session_scope
+from core.kinds import TrainJobSpec
+from core.settings import Settings
+from tests.services import REDIS_URL
+from training import checkpoints
+from training.datasets import load_dataset
+from training.events import RecordingSink
+from training.loop import fit
+from training.specs import TrainSpec
+
+TRAIN = {"kind": "train", "model": {"name": "resnet20"}, "dataset": {"name": "digits"}}
+
+
+def claim_redis_db() -> tuple[redis.Redis, str]:
+    """An empty Redis database 1..15, claimed with a marker key for this test run."""
+    for number in random.sample(range(1, 16), 15):
+        url = f"{REDIS_URL}/{number}"
+        client = redis.Redis.from_url(url)
+        # Empty: no worker of another run has declared its queue bindings there.
+        if client.dbsize() == 0 and client.set("resnet-test-claim", "api", nx=True, ex=600):
+            return client, url
+        client.close()
+    raise RuntimeError("every Redis database 1..15 is claimed by another test run")
+
+
+def make_key(url: str, *scopes: str) -> str:
+    """A new API key with `scopes`, in plaintext."""
+    with session_scope(url) as session:
+        return keys.create_key(session=session, name="test", scopes=scopes)[1]
+
+
+def new_job(url: str, **fields: object) -> uuid.UUID:
+    """A queued train job made directly in the database."""
+    spec = TrainJobSpec.model_validate({**TRAIN, **fields})
+    with session_scope(url) as session:
+        return jobs.create(session=session, spec=spec, max_attempts=3).id
+
+
+def claim(url: str, job_id: uuid.UUID) -> int:
+    """Claim a job as a worker would; returns the fencing token."""
+    with session_scope(url) as session:
+        held = jobs.claim(
+            session=session, job_id=job_id, worker="test", device="cpu", lease_seconds=60
+        )
+    assert held is not None
+    return held.token
+
+
+def finish(url: str, job_id: uuid.UUID, token: int, **summary: float) -> None:
+    """End a claimed job as succeeded, with summary columns."""
+    with session_scope(url) as session:
+        jobs.finish(
+            session=session, job_id=job_id, token=token, status="succeeded", summary=summary
+        )
+
+
+def artifact_folder(settings: Settings, job_id: uuid.UUID) -> Path:
+    """Where a job's files live."""
+    return settings.artifact_dir / "jobs" / str(job_id)
+
+
+TINY = {
+    "model": {"name": "resnet8"},
+    "dataset": {"name": "synthetic", "image_size": 8, "train_size": 32, "test_size": 8},
+    "recipe": {"iterations": 2, "batch_size": 16, "checkpoint_every": 1},
+}
+
+
+def trained_job(settings: Settings) -> uuid.UUID:
+    """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files."""
+    url = settings.database_url
+    job_id = new_job(url, model={"name": "resnet8"})
+    token = claim(url, job_id)
+    out = artifact_folder(settings, job_id)
+    spec = TrainSpec.model_validate(TINY)
+    fit(spec, load_dataset(spec.dataset, data_root=out), out_dir=out, sink=RecordingSink())
+    folder = out / "checkpoints"
+    saved = [(1, folder / "step-1.pt", False), (2, folder / checkpoints.BEST, True)]
+    kept = [str(path) for _, path, _ in saved]
+    with session_scope(url) as session:
+        for step, path, is_best in saved:
+            jobs.record_checkpoint(
+                session=session,
+                job_id=job_id,
+                token=token,
+                step=step,
+                epoch=step,
+                path=str(path),
+                sha256=checkpoints.sha256_of(path),
+                size=path.stat().st_size,
+                is_best=is_best,
+                kept=kept,
+            )
+    finish(url, job_id, token, best_test_error=0.5, final_test_error=0.6, params=75_002)
+    return job_id
+
