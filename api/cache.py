@@ -17,10 +17,14 @@ class TtlCache(Generic[K, V]):
 
     A value computed from a read that straddles a `clear` is not kept: take `generation`
     before computing and pass it to `put`. Thread-safe (writes may come from worker threads).
+    Ages are read from `clock` (seconds; a test passes one it can advance).
     """
 
-    def __init__(self, *, max_entries: int = 1024) -> None:
+    def __init__(
+        self, *, max_entries: int = 1024, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_entries = max_entries
+        self.clock = clock
         self.entries: dict[K, tuple[float, V]] = {}
         self.generation = 0  # bumped by `clear`
         self.lock = threading.Lock()
@@ -28,7 +32,7 @@ class TtlCache(Generic[K, V]):
     def get(self, key: K, ttl_s: float) -> V | None:
         """The value kept for `key`, if younger than `ttl_s`."""
         found = self.entries.get(key)
-        if found is None or time.monotonic() - found[0] >= ttl_s:
+        if found is None or self.clock() - found[0] >= ttl_s:
             return None
         return found[1]
 
@@ -39,7 +43,7 @@ class TtlCache(Generic[K, V]):
                 return
             if len(self.entries) >= self.max_entries:
                 self.entries.clear()
-            self.entries[key] = (time.monotonic(), value)
+            self.entries[key] = (self.clock(), value)
 
     def clear(self) -> None:
         """Forget everything (what the values were read from changed)."""

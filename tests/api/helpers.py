@@ -106,3 +106,16 @@ def trained_job(settings: Settings) -> uuid.UUID:
     finish(url, job_id, token, best_test_error=0.5, final_test_error=0.6, params=75_002)
     return job_id
 
+
+class FakeClock:
+    """A monotonic clock (seconds) that moves only when a test advances it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Let `seconds` pass."""
+        self.now += seconds

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -48,6 +49,14 @@ def run(coroutine: Callable[[], Awaitable[T]]) -> T:
         return await coroutine()
 
     return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
+    """Poll `condition` on the event loop until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s:.0f} s"
+        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -285,7 +294,7 @@ def test_a_stopped_process_fails_its_requests_and_is_started_again(
         try:
             served = await cache.get(path, sha256)
             waiting = asyncio.ensure_future(served.predict(images(1)))  # held 1 s for company
-            await asyncio.sleep(0.2)
+            await until(lambda: served.pending == 1, "the request to be sent")
             os.kill(served.processes[0].process.pid, signal.SIGKILL)
             with pytest.raises(Closed, match="stopped"):
                 await waiting

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from typing import Any
 
@@ -14,12 +13,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from api.app import create_app
+from api.deps import KeyCache
 from core import keys
 from core.db.session import session_scope
 from core.db.tables import ApiKey, Job
 from core.queue import QUEUE, RUN_JOB
 from core.settings import Settings
-from tests.api.helpers import TRAIN, claim, finish, make_key, new_job
+from tests.api.helpers import TRAIN, FakeClock, claim, finish, make_key, new_job
 
 JOBS = "/api/v1/jobs"
 
@@ -170,13 +170,15 @@ def test_a_key_revoked_elsewhere_stops_working_within_the_auth_cache_time(
 ) -> None:
     quick = settings.model_copy(update={"auth_cache_seconds": 0.5})
     key = make_key(settings.database_url, "read")
-    with TestClient(create_app(quick), headers={"Authorization": f"Bearer {key}"}) as client:
+    app, clock = create_app(quick), FakeClock()
+    app.state.keys = KeyCache(clock=clock)  # the kept checks age only when the test says
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as client:
         assert client.get(JOBS).status_code == 200  # checked against the database, kept
         with session_scope(settings.database_url) as session:  # as another API process does
             row = session.scalars(select(ApiKey).where(ApiKey.prefix == key.split("_")[1])).one()
             keys.revoke_key(session=session, key_id=row.id)
         assert client.get(JOBS).status_code == 200  # the kept check, for at most 0.5 s
-        time.sleep(0.6)
+        clock.advance(0.6)
         assert client.get(JOBS).status_code == 401
 
 
