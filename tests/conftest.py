@@ -1,5 +1,5 @@
-"""Shared fixtures: a fresh, migrated database per test module (Postgres or SQLite), and a
-Redis database of the module's own."""
+"""Shared fixtures: a fresh, migrated database per test module (Postgres or SQLite), a Redis
+database of the module's own, and the service's settings and live API on both."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 import redis
 
 from core.db import schema
-from tests.services import REDIS_URL, throwaway_database
+from core.queue import QUEUE
+from core.settings import Settings
+from tests.services import REDIS_URL, claim_redis_db, serve, throwaway_database
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,49 @@ def redis_broker_url() -> Iterator[str]:
             return
         client.close()
     raise RuntimeError("every Redis database 1-15 is held by another test run")
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[redis.Redis]:
+    """A Redis client on a database of this module's own, flushed afterwards."""
+    client, _ = claim_redis_db()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def queue(broker: redis.Redis) -> redis.Redis:
+    """The broker with an empty train queue."""
+    broker.delete(QUEUE)
+    return broker
+
+
+@pytest.fixture(scope="module")
+def settings(
+    postgres_url: str, broker: redis.Redis, tmp_path_factory: pytest.TempPathFactory
+) -> Settings:
+    """The service's settings for this module: auth on, fast event-stream polls."""
+    root = tmp_path_factory.mktemp("service")
+    db = broker.connection_pool.connection_kwargs["db"]
+    return Settings(
+        database_url=postgres_url,
+        broker_url=f"{REDIS_URL}/{db}",
+        artifact_dir=root / "artifacts",
+        data_dir=root / "data",
+        auth_enabled=True,
+        stream_poll_seconds=0.05,
+        max_upload_bytes=64 * 1024,
+    )
+
+
+@pytest.fixture(scope="module")
+def live_url(settings: Settings) -> Iterator[str]:
+    """The module's API (with the module's settings) served by uvicorn, in a thread."""
+    from api.app import create_app  # here: test runs that serve no API skip its imports
+
+    with serve(create_app(settings)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import redis
 import uvicorn
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
@@ -47,6 +49,18 @@ def serve(app: ASGIApp) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def claim_redis_db() -> tuple[redis.Redis, str]:
+    """An empty Redis database 1..15, claimed with a marker key for this test run."""
+    for number in random.sample(range(1, 16), 15):
+        url = f"{REDIS_URL}/{number}"
+        client = redis.Redis.from_url(url)
+        # Empty: no worker of another run has declared its queue bindings there.
+        if client.dbsize() == 0 and client.set("resnet-test-claim", "api", nx=True, ex=600):
+            return client, url
+        client.close()
+    raise RuntimeError("every Redis database 1..15 is claimed by another test run")
 
 
 @contextmanager

@@ -1,19 +1,15 @@
 """Helpers of the API tests: keys, jobs made and moved directly in the database, a trained
-job with real checkpoints, a Redis database of a module's own."""
+job with real checkpoints, a clock that moves when told."""
 
 from __future__ import annotations
 
-import random
 import uuid
 from pathlib import Path
-
-import redis
 
 from core import jobs, keys
 from core.db.session import session_scope
 from core.kinds import TrainJobSpec
 from core.settings import Settings
-from tests.services import REDIS_URL
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -21,18 +17,6 @@ from training.loop import fit
 from training.specs import TrainSpec
 
 TRAIN = {"kind": "train", "model": {"name": "resnet20"}, "dataset": {"name": "digits"}}
-
-
-def claim_redis_db() -> tuple[redis.Redis, str]:
-    """An empty Redis database 1..15, claimed with a marker key for this test run."""
-    for number in random.sample(range(1, 16), 15):
-        url = f"{REDIS_URL}/{number}"
-        client = redis.Redis.from_url(url)
-        # Empty: no worker of another run has declared its queue bindings there.
-        if client.dbsize() == 0 and client.set("resnet-test-claim", "api", nx=True, ex=600):
-            return client, url
-        client.close()
-    raise RuntimeError("every Redis database 1..15 is claimed by another test run")
 
 
 def make_key(url: str, *scopes: str) -> str:
