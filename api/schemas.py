@@ -292,6 +292,13 @@ class ModelOptionOut(BaseModel):
     )
 
 
+class ModelOptionsOut(BaseModel):
+    """The zoo's families, and the options `models.build` takes for their nets."""
+
+    families: list[str]
+    options: list[ModelOptionOut]
+
+
 class DatasetOut(BaseModel):
     """A dataset name: readable here or not, where from, and what it needs otherwise."""
 

@@ -1,4 +1,5 @@
-"""The model zoo: every network of both papers with its parameters and MACs."""
+"""The model zoo: every network of both papers with its parameters and MACs, and the
+options that `models.build` takes, for forms that build a net."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from fastapi import APIRouter
 import models
 from api.deps import ReadKey
 from api.errors import responses
-from api.schemas import API_PREFIX, ModelOut
+from api.schemas import API_PREFIX, ModelOptionOut, ModelOptionsOut, ModelOut, OptionChoice
+from models.config import BLOCKS, SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS, UnitConfig
+from models.zoo import FAMILIES, VARIANT_OPTIONS
 
 router = APIRouter(prefix=f"{API_PREFIX}/models", tags=["models"])
 # Counting MACs takes about 12 s of CPU for the whole zoo (ResNet-1202 alone 2.5 s), so the
@@ -42,3 +45,104 @@ def warm_up(stop: threading.Event) -> None:
 def list_zoo(_: ReadKey) -> list[ModelOut]:
     """Every net of both papers, in the papers' order, with params and MACs per image."""
     return [describe(name) for name in models.list_models()]
+
+
+# Plain nets have no shortcuts, so only the other families take the shortcut options.
+RESIDUAL_FAMILIES = tuple(family for family in FAMILIES if family != "plain")
+# What each option does; its values and defaults come from `models` itself.
+DESCRIPTIONS: dict[str, str] = {
+    "block": "The units' block, CIFAR nets only (an ImageNet depth fixes it); by default the "
+    "one the depth fits, bottleneck from depth 164 on",
+    "unit": "Where BN and ReLU sit around the addition (2016 Table 2); by default original, "
+    "full_preact for preact_resnet",
+    "shortcut": "How a shortcut meets a change of dimensions (2015 Sec. 4.1); by default A for "
+    "CIFAR nets of basic blocks, else B",
+    "shortcut_variant": "What the shortcut does to its input (2016 Table 1)",
+    "shortcut_scale": "The shortcut's scale (constant scaling)",
+    "residual_scale": "The residual branch's scale (constant scaling)",
+    "gate_bias": "The gate's bias at init (gating); a negative one favours the shortcut",
+    "shortcut_dropout": "The probability of dropping the shortcut, in [0, 1)",
+    "zero_init_residual": "Zero the last BN (or conv) of every residual branch at init",
+}
+# What a form shows for each value of a choice; a value missing here shows as itself.
+LABELS: dict[str, str] = {
+    "basic": "basic: two 3x3 convs",
+    "bottleneck": "bottleneck: 1x1, 3x3, 1x1 convs",
+    "original": "original (2016 Fig. 4a)",
+    "bn_after_add": "BN after addition (Fig. 4b)",
+    "relu_before_add": "ReLU before addition (Fig. 4c)",
+    "relu_only_preact": "ReLU-only pre-activation (Fig. 4d)",
+    "full_preact": "full pre-activation (Fig. 4e)",
+    "A": "A: zero-padding, parameter-free",
+    "B": "B: projections where dimensions grow",
+    "C": "C: projections everywhere",
+    "identity": "identity (2016 Fig. 2a)",
+    "constant_scaling": "constant scaling (Fig. 2b)",
+    "exclusive_gating": "exclusive gating (Fig. 2c)",
+    "shortcut_only_gating": "shortcut-only gating (Fig. 2d)",
+    "conv1x1": "1x1 conv shortcut (Fig. 2e)",
+    "dropout": "dropout shortcut (Fig. 2f)",
+}
+
+
+@router.get("/options", summary="The options of the zoo's nets", responses=responses(401, 403))
+def list_options(_: ReadKey) -> ModelOptionsOut:
+    """The families and each option of `models.build`: values, default, nets it applies to."""
+    return ModelOptionsOut(families=list(FAMILIES), options=options())
+
+
+def options() -> list[ModelOptionOut]:
+    """The options of `models.build`, in the order a form shows them."""
+    unit = UnitConfig()
+    # A conv1x1 shortcut variant makes every shortcut a projection: no option A, B or C.
+    projectable = tuple(variant for variant in SHORTCUT_VARIANTS if variant != "conv1x1")
+    choices = [
+        _choice("block", BLOCKS),
+        _choice("unit", UNITS),
+        _choice("shortcut", SHORTCUT_OPTIONS, families=RESIDUAL_FAMILIES, variants=projectable),
+        _choice(
+            "shortcut_variant",
+            SHORTCUT_VARIANTS,
+            default=unit.shortcut_variant,
+            families=RESIDUAL_FAMILIES,
+        ),
+    ]
+    numbers = [_number(name, getattr(unit, name)) for name in VARIANT_OPTIONS]
+    zero_init = ModelOptionOut(
+        name="zero_init_residual",
+        kind="boolean",
+        description=DESCRIPTIONS["zero_init_residual"],
+        default=False,
+        families=list(FAMILIES),
+    )
+    return [*choices, *numbers, zero_init]
+
+
+def _choice(
+    name: str,
+    values: tuple[str, ...],
+    *,
+    default: str | None = None,
+    families: tuple[str, ...] = FAMILIES,
+    variants: tuple[str, ...] | None = None,
+) -> ModelOptionOut:
+    return ModelOptionOut(
+        name=name,
+        kind="choice",
+        description=DESCRIPTIONS[name],
+        default=default,
+        choices=[OptionChoice(value=value, label=LABELS.get(value, value)) for value in values],
+        families=list(families),
+        shortcut_variants=None if variants is None else list(variants),
+    )
+
+
+def _number(name: str, default: float) -> ModelOptionOut:
+    return ModelOptionOut(
+        name=name,
+        kind="number",
+        description=DESCRIPTIONS[name],
+        default=default,
+        families=list(RESIDUAL_FAMILIES),
+        shortcut_variants=list(VARIANT_OPTIONS[name]),
+    )
