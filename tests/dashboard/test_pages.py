@@ -118,6 +118,33 @@ def test_new_job_form_shows_each_error_next_to_its_field(page: Page, server: Ser
     assert page.url.endswith("#/new")  # nothing was submitted
 
 
+def test_the_new_job_form_offers_the_options_the_api_lists(page: Page, server: Server) -> None:
+    with server.client() as client:
+        answer = client.get("/api/v1/models/options").json()
+    # A value that only the API's answer has: the page can know it from nowhere else.
+    options = answer["options"]
+    variants = next(option for option in options if option["name"] == "shortcut_variant")
+    variants["choices"].append({"value": "made_up", "label": "a variant of this test"})
+    page.route(f"{server.url}/api/v1/models/options", lambda route: route.fulfill(json=answer))
+    visit(page, server, "#/new")
+
+    families = page.locator("select[name=family] option").all_inner_texts()
+    assert families == answer["families"]
+    for option in options:
+        field = page.locator(f"[data-loc='model.options.{option['name']}']")
+        expect(field).to_have_attribute("title", option["description"])
+        if option["kind"] == "choice":
+            shown = field.locator("option")
+            values = shown.evaluate_all("(options) => options.map((o) => o.value)")
+            assert values == ["", *(choice["value"] for choice in option["choices"])]
+            assert shown.all_inner_texts()[1:] == [c["label"] for c in option["choices"]]
+        elif option["kind"] == "number":
+            placeholder = f"{option['default']:g}"  # as JavaScript writes the number
+            expect(field.locator("input")).to_have_attribute("placeholder", placeholder)
+    page.select_option("select[name='option.shortcut_variant']", "conv1x1")
+    expect(page.locator("[data-loc='model.options.shortcut']")).to_be_hidden()  # all 1x1 convs
+
+
 def test_without_a_key_the_dashboard_asks_for_one(
     browser: Browser, server: Server, named_jobs: dict[str, str]
 ) -> None:

@@ -1,6 +1,8 @@
 // The API client: JSON requests with the session's key, the key prompt on 401, and event
 // streams read with fetch (EventSource cannot send an Authorization header).
 
+/** Where the API lives; every path the dashboard asks for is relative to it. */
+export const API = "/api/v1";
 const KEY = "resnet-service.key";
 let pendingKey = null;
 
@@ -25,17 +27,21 @@ export function askForKey(reason) {
   document.getElementById("auth-reason").textContent = reason;
   input.value = "";
   pendingKey = new Promise((resolve) => {
-    dialog.addEventListener("close", () => {
-      sessionStorage.setItem(KEY, input.value.trim());
-      pendingKey = null;
-      resolve();
-    }, { once: true });
+    dialog.addEventListener(
+      "close",
+      () => {
+        sessionStorage.setItem(KEY, input.value.trim());
+        pendingKey = null;
+        resolve();
+      },
+      { once: true },
+    );
   });
   dialog.showModal();
   return pendingKey;
 }
 
-/** A request to the API; JSON in and out, FormData as is, errors as ApiError. */
+/** A request to `API + path`; JSON in and out, FormData as is, errors as ApiError. */
 export async function api(path, { method = "GET", body, form, signal } = {}) {
   const headers = authHeaders();
   let payload = form;
@@ -43,7 +49,7 @@ export async function api(path, { method = "GET", body, form, signal } = {}) {
     headers["Content-Type"] = "application/json";
     payload = JSON.stringify(body);
   }
-  const response = await fetch(path, { method, headers, body: payload, signal });
+  const response = await fetch(`${API}${path}`, { method, headers, body: payload, signal });
   if (response.status === 401) {
     const problem = await response.json().catch(() => null);
     await askForKey(problem?.error?.message ?? "This service asks for an API key.");
@@ -78,9 +84,10 @@ export async function follow(jobId, sinceStep, handlers, signal) {
     try {
       const headers = { ...authHeaders(), Accept: "text/event-stream" };
       if (lastEventId) headers["Last-Event-ID"] = String(lastEventId);
-      const path = `/api/v1/jobs/${jobId}/events${query({ since_step: step })}`;
+      const path = `${API}/jobs/${jobId}/events${query({ since_step: step })}`;
       const response = await fetch(path, { headers, signal });
-      if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+      if (!response.ok)
+        throw new ApiError(response.status, await response.json().catch(() => null));
       for await (const event of readEvents(response.body)) {
         if (event.id) lastEventId = Number(event.id);
         const data = JSON.parse(event.data);
@@ -107,8 +114,7 @@ async function* readEvents(body) {
     const { value, done } = await reader.read();
     if (done) return;
     buffer += value.replace(/\r\n?/g, "\n");
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
+    for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
       const block = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
       const event = { event: "message", data: "", id: null };

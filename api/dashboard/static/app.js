@@ -70,7 +70,7 @@ async function render() {
 }
 
 async function start() {
-  context.session = await api("/api/v1/session");
+  context.session = await api("/session");
   const auth = context.session.auth_enabled;
   document.getElementById("who").textContent = auth
     ? `key: ${context.session.scopes.join(", ")}`

@@ -1,16 +1,31 @@
 // Charts with plotly.js (served by the API from the plotly package): the papers' figures.
 
-export const PALETTE = ["#2b59c3", "#d9480f", "#2f9e44", "#ae3ec9", "#e8590c", "#1098ad",
-  "#c2255c", "#5c940d", "#364fc7", "#862e9c"];
+export const PALETTE = [
+  "#2b59c3",
+  "#d9480f",
+  "#2f9e44",
+  "#ae3ec9",
+  "#e8590c",
+  "#1098ad",
+  "#c2255c",
+  "#5c940d",
+  "#364fc7",
+  "#862e9c",
+];
 
 const CONFIG = { displaylogo: false, responsive: true };
 
 /** Draw (or redraw in place) a chart into `div`. */
 export function plot(div, traces, layout) {
   const base = {
-    margin: { l: 60, r: 20, t: 36, b: 46 }, height: 320, legend: { orientation: "h", y: -0.25 },
-    font: { size: 12 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
-    xaxis: { gridcolor: "#eceff3", zeroline: false }, yaxis: { gridcolor: "#eceff3", zeroline: false },
+    margin: { l: 60, r: 20, t: 36, b: 46 },
+    height: 320,
+    legend: { orientation: "h", y: -0.25 },
+    font: { size: 12 },
+    paper_bgcolor: "#fff",
+    plot_bgcolor: "#fff",
+    xaxis: { gridcolor: "#eceff3", zeroline: false },
+    yaxis: { gridcolor: "#eceff3", zeroline: false },
   };
   const merged = { ...base, ...layout };
   merged.xaxis = { ...base.xaxis, ...layout.xaxis };
@@ -31,8 +46,12 @@ export function errorTraces(series, { color = PALETTE[0], label = "" } = {}) {
     const s = series[name];
     if (!s?.steps.length) return;
     traces.push({
-      x: s.steps, y: asPercent(s.values), name: `${prefix}${title}`, mode: "lines",
-      line: { color, ...line }, meta: { metric: name, run: label },
+      x: s.steps,
+      y: asPercent(s.values),
+      name: `${prefix}${title}`,
+      mode: "lines",
+      line: { color, ...line },
+      meta: { metric: name, run: label },
     });
   };
   add("train/error", "train error", { width: 1 });
@@ -49,10 +68,15 @@ export const ERROR_LAYOUT = {
 
 /** Lines of the named series (loss, learning rate) against iterations. */
 export function lineTraces(series, names) {
-  return names.filter((n) => series[n]?.steps.length).map((name, i) => ({
-    x: series[name].steps, y: series[name].values, name, mode: "lines",
-    line: { color: PALETTE[i], width: name.startsWith("train/") ? 1 : 2.5 },
-  }));
+  return names
+    .filter((n) => series[n]?.steps.length)
+    .map((name, i) => ({
+      x: series[name].steps,
+      y: series[name].values,
+      name,
+      mode: "lines",
+      line: { color: PALETTE[i], width: name.startsWith("train/") ? 1 : 2.5 },
+    }));
 }
 
 /**
@@ -61,18 +85,32 @@ export function lineTraces(series, names) {
  */
 export function perBlock(series, kind) {
   const prefix = `diag/${kind}/`;
-  const blocks = Object.keys(series).filter((n) => n.startsWith(prefix))
+  const blocks = Object.keys(series)
+    .filter((n) => n.startsWith(prefix))
     .map((n) => [Number(n.slice(prefix.length)), series[n]])
-    .filter(([, s]) => s.steps.length).sort((a, b) => a[0] - b[0]);
+    .filter(([, s]) => s.steps.length)
+    .sort((a, b) => a[0] - b[0]);
   if (!blocks.length) return { traces: [], step: null };
   const step = Math.max(...blocks.map(([, s]) => s.steps[s.steps.length - 1]));
   const values = blocks.map(([, s]) => s.values[s.values.length - 1]);
   const index = blocks.map(([i]) => i);
-  const traces = [{ x: index, y: values, name: "by block index", mode: "lines+markers",
-    line: { color: PALETTE[0], width: 2 } }];
+  const traces = [
+    {
+      x: index,
+      y: values,
+      name: "by block index",
+      mode: "lines+markers",
+      line: { color: PALETTE[0], width: 2 },
+    },
+  ];
   if (kind === "response_std") {
-    traces.push({ x: index, y: [...values].sort((a, b) => b - a), name: "sorted by magnitude",
-      mode: "lines", line: { color: PALETTE[1], width: 1.5, dash: "dot" } });
+    traces.push({
+      x: index,
+      y: [...values].sort((a, b) => b - a),
+      name: "sorted by magnitude",
+      mode: "lines",
+      line: { color: PALETTE[1], width: 1.5, dash: "dot" },
+    });
   }
   return { traces, step };
 }

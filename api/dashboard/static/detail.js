@@ -2,67 +2,110 @@
 // an evaluation's confusion matrix, and the run's actions.
 
 import { api, follow } from "./api.js";
-import { ERROR_LAYOUT, PALETTE, errorTraces, lineTraces, perBlock, plot } from "./charts.js";
-import { ACTIVE, duration, h, jobTitle, notice, number, percent, rate, statusBadge, when } from "./ui.js";
+import { ERROR_LAYOUT, errorTraces, lineTraces, PALETTE, perBlock, plot } from "./charts.js";
+import {
+  ACTIVE,
+  duration,
+  h,
+  jobTitle,
+  notice,
+  number,
+  percent,
+  rate,
+  statusBadge,
+  when,
+} from "./ui.js";
 
 export async function render(view, ctx) {
   const id = ctx.id;
-  let job = await api(`/api/v1/jobs/${id}`, { signal: ctx.signal });
-  const series = (await api(`/api/v1/jobs/${id}/metrics?max_points=2000`, { signal: ctx.signal })).series;
+  let job = await api(`/jobs/${id}`, { signal: ctx.signal });
+  const series = (await api(`/jobs/${id}/metrics?max_points=2000`, { signal: ctx.signal })).series;
   const parts = {
-    header: h("div"), facts: h("div.card"), messages: h("div"), charts: h("div.grid"),
-    checkpoints: h("div.card"), log: h("pre.log", { id: "log" }), spec: h("pre"),
+    header: h("div"),
+    facts: h("div.card"),
+    messages: h("div"),
+    charts: h("div.grid"),
+    checkpoints: h("div.card"),
+    log: h("pre.log", { id: "log" }),
+    spec: h("pre"),
   };
-  view.append(parts.header, parts.messages, parts.facts, parts.charts,
-    h("h2", {}, "Checkpoints"), parts.checkpoints,
-    h("h2", {}, "Log"), parts.log, h("h2", {}, "Spec"), parts.spec);
+  view.append(
+    parts.header,
+    parts.messages,
+    parts.facts,
+    parts.charts,
+    h("h2", {}, "Checkpoints"),
+    parts.checkpoints,
+    h("h2", {}, "Log"),
+    parts.log,
+    h("h2", {}, "Spec"),
+    parts.spec,
+  );
   parts.spec.textContent = JSON.stringify(job.spec, null, 2);
   const charts = chartDivs(parts.charts, job);
   const redraw = throttle(() => drawCharts(charts, job, series));
   const refresh = async () => {
-    job = await api(`/api/v1/jobs/${id}`, { signal: ctx.signal });
+    job = await api(`/jobs/${id}`, { signal: ctx.signal });
     drawHeader(parts, job, ctx, refresh);
     drawFacts(parts.facts, job);
-    drawCheckpoints(parts.checkpoints, await api(`/api/v1/jobs/${id}/checkpoints`, { signal: ctx.signal }));
+    drawCheckpoints(
+      parts.checkpoints,
+      await api(`/jobs/${id}/checkpoints`, { signal: ctx.signal }),
+    );
   };
   drawHeader(parts, job, ctx, refresh);
   drawFacts(parts.facts, job);
   drawCharts(charts, job, series);
-  drawCheckpoints(parts.checkpoints, await api(`/api/v1/jobs/${id}/checkpoints`, { signal: ctx.signal }));
-  const lastStep = Math.max(0, ...Object.values(series).map((s) => s.steps[s.steps.length - 1] ?? 0));
-  follow(id, lastStep + 1, {
-    log: (line) => {
-      parts.log.append(`${new Date(line.created_at).toLocaleTimeString()} ${line.level.padEnd(7)} ${line.message}\n`);
-      parts.log.scrollTop = parts.log.scrollHeight;
+  drawCheckpoints(parts.checkpoints, await api(`/jobs/${id}/checkpoints`, { signal: ctx.signal }));
+  const lastStep = Math.max(
+    0,
+    ...Object.values(series).map((s) => s.steps[s.steps.length - 1] ?? 0),
+  );
+  follow(
+    id,
+    lastStep + 1,
+    {
+      log: (line) => {
+        parts.log.append(
+          `${new Date(line.created_at).toLocaleTimeString()} ${line.level.padEnd(7)} ${line.message}\n`,
+        );
+        parts.log.scrollTop = parts.log.scrollHeight;
+      },
+      metrics: (data) => {
+        // Counted where tests (and the curious) can see that points arrive live.
+        view.dataset.liveMetrics = String(Number(view.dataset.liveMetrics ?? 0) + 1);
+        for (const [name, s] of Object.entries(data.series)) {
+          series[name] ??= { steps: [], values: [] };
+          series[name].steps.push(...s.steps);
+          series[name].values.push(...s.values);
+        }
+        redraw();
+      },
+      status: (state) => {
+        Object.assign(job, {
+          status: state.status,
+          attempt: state.attempt,
+          error: state.error,
+          cancel_requested: state.cancel_requested,
+        });
+        drawHeader(parts, job, ctx, refresh);
+        drawFacts(parts.facts, job);
+      },
+      progress: (state) => {
+        job.progress = { step: state.step, total_steps: state.total_steps };
+        drawFacts(parts.facts, job);
+      },
+      end: async () => {
+        await refresh();
+        const final = await api(`/jobs/${id}/metrics?max_points=2000`, { signal: ctx.signal });
+        Object.assign(series, final.series);
+        drawCharts(charts, job, series);
+      },
     },
-    metrics: (data) => {
-      // Counted where tests (and the curious) can see that points arrive live.
-      view.dataset.liveMetrics = String(Number(view.dataset.liveMetrics ?? 0) + 1);
-      for (const [name, s] of Object.entries(data.series)) {
-        const into = (series[name] ??= { steps: [], values: [] });
-        into.steps.push(...s.steps);
-        into.values.push(...s.values);
-      }
-      redraw();
-    },
-    status: (state) => {
-      Object.assign(job, { status: state.status, attempt: state.attempt, error: state.error,
-        cancel_requested: state.cancel_requested });
-      drawHeader(parts, job, ctx, refresh);
-      drawFacts(parts.facts, job);
-    },
-    progress: (state) => {
-      job.progress = { step: state.step, total_steps: state.total_steps };
-      drawFacts(parts.facts, job);
-    },
-    end: async () => {
-      await refresh();
-      const final = await api(`/api/v1/jobs/${id}/metrics?max_points=2000`, { signal: ctx.signal });
-      Object.assign(series, final.series);
-      drawCharts(charts, job, series);
-    },
-  }, ctx.signal).catch((error) => {
-    if (!ctx.signal.aborted) parts.messages.replaceChildren(notice(`live updates stopped: ${error.message}`, true));
+    ctx.signal,
+  ).catch((error) => {
+    if (!ctx.signal.aborted)
+      parts.messages.replaceChildren(notice(`live updates stopped: ${error.message}`, true));
   });
 }
 
@@ -71,73 +114,120 @@ function throttle(draw) {
   return () => {
     if (queued) return;
     queued = true;
-    setTimeout(() => { queued = false; draw(); }, 250);
+    setTimeout(() => {
+      queued = false;
+      draw();
+    }, 250);
   };
 }
 
 function drawHeader(parts, job, ctx, refresh) {
-  const act = (label, action, cls = "button.secondary") => h(cls, {
-    dataset: { action: label.toLowerCase() },
-    onclick: async (event) => {
-      event.target.disabled = true;
-      try {
-        const message = await action();
-        if (message) parts.messages.replaceChildren(notice(message));
-      } catch (error) {
-        parts.messages.replaceChildren(notice(error.message, true));
-      } finally {
-        event.target.disabled = false;
-      }
-    },
-  }, label);
+  const act = (label, action, cls = "button.secondary") =>
+    h(
+      cls,
+      {
+        dataset: { action: label.toLowerCase() },
+        onclick: async (event) => {
+          event.target.disabled = true;
+          try {
+            const message = await action();
+            if (message) parts.messages.replaceChildren(notice(message));
+          } catch (error) {
+            parts.messages.replaceChildren(notice(error.message, true));
+          } finally {
+            event.target.disabled = false;
+          }
+        },
+      },
+      label,
+    );
   const buttons = [];
   const canTrain = ctx.can("train");
   if (canTrain && ACTIVE.has(job.status) && !job.cancel_requested) {
-    buttons.push(act("Cancel", async () => {
-      await api(`/api/v1/jobs/${job.id}/cancel`, { method: "POST" });
-      await refresh();
-      return "Cancel requested.";
-    }));
+    buttons.push(
+      act("Cancel", async () => {
+        await api(`/jobs/${job.id}/cancel`, { method: "POST" });
+        await refresh();
+        return "Cancel requested.";
+      }),
+    );
   }
   if (canTrain && job.kind === "train" && job.status === "succeeded") {
-    buttons.push(act("Evaluate", async () => {
-      const spec = { kind: "evaluate", source_job: job.id, checkpoint: "best", dataset: job.spec.dataset };
-      const created = await api("/api/v1/jobs", { method: "POST", body: spec });
-      ctx.navigate(`#/runs/${created.id}`);
-    }));
-    buttons.push(act("Register", async () => {
-      const name = window.prompt("Register the best checkpoint as a version of model:", job.model ?? "");
-      if (!name) return null;
-      const version = await api(`/api/v1/registry/${encodeURIComponent(name)}/versions`, {
-        method: "POST", body: { job: job.id, checkpoint: "best" },
-      });
-      return `Registered as ${name} version ${version?.version ?? "?"}.`;
-    }));
+    buttons.push(
+      act("Evaluate", async () => {
+        const spec = {
+          kind: "evaluate",
+          source_job: job.id,
+          checkpoint: "best",
+          dataset: job.spec.dataset,
+        };
+        const created = await api("/jobs", { method: "POST", body: spec });
+        ctx.navigate(`#/runs/${created.id}`);
+      }),
+    );
+    buttons.push(
+      act("Register", async () => {
+        const name = window.prompt(
+          "Register the best checkpoint as a version of model:",
+          job.model ?? "",
+        );
+        if (!name) return null;
+        const version = await api(`/registry/${encodeURIComponent(name)}/versions`, {
+          method: "POST",
+          body: { job: job.id, checkpoint: "best" },
+        });
+        return `Registered as ${name} version ${version?.version ?? "?"}.`;
+      }),
+    );
   }
   if (canTrain && !ACTIVE.has(job.status)) {
-    buttons.push(act("Delete", async () => {
-      if (!window.confirm(`Delete run ${jobTitle(job)}, its metrics and its files?`)) return null;
-      await api(`/api/v1/jobs/${job.id}`, { method: "DELETE" });
-      ctx.navigate("#/runs");
-      return null;
-    }, "button.danger"));
+    buttons.push(
+      act(
+        "Delete",
+        async () => {
+          if (!window.confirm(`Delete run ${jobTitle(job)}, its metrics and its files?`))
+            return null;
+          await api(`/jobs/${job.id}`, { method: "DELETE" });
+          ctx.navigate("#/runs");
+          return null;
+        },
+        "button.danger",
+      ),
+    );
   }
-  parts.header.replaceChildren(h("h1", {}, jobTitle(job), " ", statusBadge(job.status)),
-    h("div.row", { id: "actions" }, buttons));
+  parts.header.replaceChildren(
+    h("h1", {}, jobTitle(job), " ", statusBadge(job.status)),
+    h("div.row", { id: "actions" }, buttons),
+  );
 }
 
 function drawFacts(card, job) {
   const { step, total_steps: total } = job.progress;
   const fraction = total ? step / total : 0;
   let facts = [
-    ["id", job.id], ["kind", job.kind], ["status", job.status + (job.cancel_requested ? " (cancel requested)" : "")],
-    ["model", job.model ?? "–"], ["dataset", job.dataset ?? "–"], ["params", number(job.results.params)],
+    ["id", job.id],
+    ["kind", job.kind],
+    ["status", job.status + (job.cancel_requested ? " (cancel requested)" : "")],
+    ["model", job.model ?? "–"],
+    ["dataset", job.dataset ?? "–"],
+    ["params", number(job.results.params)],
     ["MACs / image", number(job.results.macs)],
-    job.kind === "train" && ["progress", h("span.row", {}, h("span.progress", {}, h("div", { style: `width:${100 * fraction}%` })),
-      `${number(step)} / ${total ? number(total) : "?"} iterations`)],
-    ["attempt", `${job.attempt} of ${job.max_attempts}`], ["worker", job.worker ?? "–"],
-    ["device", job.device ?? "–"], ["created", when(job.created_at)], ["started", when(job.started_at)],
-    ["finished", when(job.finished_at)], ["duration", duration(job)],
+    job.kind === "train" && [
+      "progress",
+      h(
+        "span.row",
+        {},
+        h("span.progress", {}, h("div", { style: `width:${100 * fraction}%` })),
+        `${number(step)} / ${total ? number(total) : "?"} iterations`,
+      ),
+    ],
+    ["attempt", `${job.attempt} of ${job.max_attempts}`],
+    ["worker", job.worker ?? "–"],
+    ["device", job.device ?? "–"],
+    ["created", when(job.created_at)],
+    ["started", when(job.started_at)],
+    ["finished", when(job.finished_at)],
+    ["duration", duration(job)],
     ["images/s", rate(job.results.images_per_s)],
     ["best test error", percent(job.results.best_test_error)],
     ["final test error", percent(job.results.final_test_error)],
@@ -145,20 +235,35 @@ function drawFacts(card, job) {
   facts = facts.filter(Boolean);
   const summary = job.summary ?? {};
   if (job.kind === "evaluate" && summary.confusion) {
-    facts.push(["images", number(summary.count)], ["error", percent(summary.error)],
-      ["top-5 error", percent(summary.top5_error)], ["loss", summary.loss?.toFixed(4) ?? "–"],
-      ["ECE (15 bins)", h("span", { id: "ece" }, summary.ece?.toFixed(4) ?? "–")]);
+    facts.push(
+      ["images", number(summary.count)],
+      ["error", percent(summary.error)],
+      ["top-5 error", percent(summary.top5_error)],
+      ["loss", summary.loss?.toFixed(4) ?? "–"],
+      ["ECE (15 bins)", h("span", { id: "ece" }, summary.ece?.toFixed(4) ?? "–")],
+    );
   }
-  if (job.source_job) facts.splice(1, 0, ["source run", h("a", { href: `#/runs/${job.source_job}` }, job.source_job)]);
+  if (job.source_job)
+    facts.splice(1, 0, [
+      "source run",
+      h("a", { href: `#/runs/${job.source_job}` }, job.source_job),
+    ]);
   if (job.tags.length) facts.push(["tags", job.tags.join(", ")]);
   if (job.error) facts.push(["error", h("span.error", {}, job.error)]);
-  card.replaceChildren(h("dl.facts", { id: "facts" }, facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
+  card.replaceChildren(
+    h(
+      "dl.facts",
+      { id: "facts" },
+      facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
+    ),
+  );
 }
 
 function chartDivs(grid, job) {
-  const names = job.kind === "evaluate"
-    ? ["confusion", "per-class"]
-    : ["error", "loss", "lr", "response-std", "grad-norm"];
+  const names =
+    job.kind === "evaluate"
+      ? ["confusion", "per-class"]
+      : ["error", "loss", "lr", "response-std", "grad-norm"];
   const divs = {};
   for (const name of names) {
     divs[name] = h("div.chart", { id: `chart-${name}` });
@@ -174,59 +279,125 @@ function drawCharts(charts, job, series) {
   }
   plot(charts.error, errorTraces(series), ERROR_LAYOUT);
   plot(charts.loss, lineTraces(series, ["train/loss", "val/loss", "test/loss"]), {
-    title: { text: "Loss" }, xaxis: { title: { text: "iterations" } }, yaxis: { title: { text: "loss" } },
+    title: { text: "Loss" },
+    xaxis: { title: { text: "iterations" } },
+    yaxis: { title: { text: "loss" } },
   });
   plot(charts.lr, lineTraces(series, ["lr"]), {
-    title: { text: "Learning rate" }, xaxis: { title: { text: "iterations" } },
-    yaxis: { title: { text: "lr" }, type: "log" }, showlegend: false,
+    title: { text: "Learning rate" },
+    xaxis: { title: { text: "iterations" } },
+    yaxis: { title: { text: "lr" }, type: "log" },
+    showlegend: false,
   });
   const response = perBlock(series, "response_std");
   plot(charts["response-std"], response.traces, {
-    title: { text: `Response std by block (2015 Fig. 7)${response.step ? `, iteration ${response.step}` : ""}` },
-    xaxis: { title: { text: "block index" } }, yaxis: { title: { text: "std" } },
+    title: {
+      text: `Response std by block (2015 Fig. 7)${response.step ? `, iteration ${response.step}` : ""}`,
+    },
+    xaxis: { title: { text: "block index" } },
+    yaxis: { title: { text: "std" } },
   });
   const grads = perBlock(series, "grad_norm");
   plot(charts["grad-norm"], grads.traces, {
     title: { text: `Gradient norm by block${grads.step ? `, iteration ${grads.step}` : ""}` },
-    xaxis: { title: { text: "block index" } }, yaxis: { title: { text: "‖grad‖" }, type: "log" },
+    xaxis: { title: { text: "block index" } },
+    yaxis: { title: { text: "‖grad‖" }, type: "log" },
     showlegend: false,
   });
 }
 
 function drawEvaluation(charts, summary) {
   if (!summary?.confusion) {
-    plot(charts.confusion, [], { title: { text: "The confusion matrix appears when the evaluation ends" } });
+    plot(charts.confusion, [], {
+      title: { text: "The confusion matrix appears when the evaluation ends" },
+    });
     return;
   }
   const classes = summary.classes ?? summary.confusion.map((_, i) => String(i));
-  plot(charts.confusion, [{
-    type: "heatmap", z: summary.confusion, x: classes, y: classes, colorscale: "Blues", reversescale: true,
-    hovertemplate: "true %{y}, predicted %{x}: %{z}<extra></extra>",
-  }], {
-    title: { text: `Confusion matrix${summary.ece !== undefined ? ` · ECE ${summary.ece.toFixed(4)}` : ""}` },
-    height: 420, xaxis: { title: { text: "predicted" }, type: "category" },
-    yaxis: { title: { text: "true" }, type: "category", autorange: "reversed" },
-  });
+  plot(
+    charts.confusion,
+    [
+      {
+        type: "heatmap",
+        z: summary.confusion,
+        x: classes,
+        y: classes,
+        colorscale: "Blues",
+        reversescale: true,
+        hovertemplate: "true %{y}, predicted %{x}: %{z}<extra></extra>",
+      },
+    ],
+    {
+      title: {
+        text: `Confusion matrix${summary.ece !== undefined ? ` · ECE ${summary.ece.toFixed(4)}` : ""}`,
+      },
+      height: 420,
+      xaxis: { title: { text: "predicted" }, type: "category" },
+      yaxis: { title: { text: "true" }, type: "category", autorange: "reversed" },
+    },
+  );
   const accuracy = summary.per_class_accuracy ?? [];
-  plot(charts["per-class"], [{
-    type: "bar", x: classes, y: accuracy.map((a) => 100 * a), marker: { color: PALETTE[0] },
-  }], {
-    title: { text: "Per-class accuracy (%)" }, height: 420,
-    xaxis: { title: { text: "class" }, type: "category" }, yaxis: { range: [0, 100] },
-  });
+  plot(
+    charts["per-class"],
+    [
+      {
+        type: "bar",
+        x: classes,
+        y: accuracy.map((a) => 100 * a),
+        marker: { color: PALETTE[0] },
+      },
+    ],
+    {
+      title: { text: "Per-class accuracy (%)" },
+      height: 420,
+      xaxis: { title: { text: "class" }, type: "category" },
+      yaxis: { range: [0, 100] },
+    },
+  );
 }
 
 function drawCheckpoints(card, checkpoints) {
   if (!checkpoints.length) {
-    card.replaceChildren(h("p.muted", {}, "No checkpoints (evaluations keep none; training saves one per epoch)."));
+    card.replaceChildren(
+      h("p.muted", {}, "No checkpoints (evaluations keep none; training saves one per epoch)."),
+    );
     return;
   }
-  const rows = checkpoints.map((c) => h("tr", {},
-    h("td.num", {}, number(c.step)), h("td.num", {}, c.epoch), h("td", {}, c.is_best ? "best" : ""),
-    h("td.num", {}, `${(c.bytes / 1e6).toFixed(2)} MB`), h("td", { title: c.sha256 }, c.sha256.slice(0, 12)),
-    h("td", {}, c.metrics ? Object.entries(c.metrics).map(([k, v]) => `${k} ${typeof v === "number" ? v.toFixed(4) : v}`).join(" · ") : ""),
-    h("td", {}, when(c.created_at))));
-  card.replaceChildren(h("table", { id: "checkpoints" },
-    h("thead", {}, h("tr", {}, ["step", "epoch", "", "size", "sha256", "metrics", "saved"].map((t) => h("th", {}, t)))),
-    h("tbody", {}, rows)));
+  const rows = checkpoints.map((c) =>
+    h(
+      "tr",
+      {},
+      h("td.num", {}, number(c.step)),
+      h("td.num", {}, c.epoch),
+      h("td", {}, c.is_best ? "best" : ""),
+      h("td.num", {}, `${(c.bytes / 1e6).toFixed(2)} MB`),
+      h("td", { title: c.sha256 }, c.sha256.slice(0, 12)),
+      h(
+        "td",
+        {},
+        c.metrics
+          ? Object.entries(c.metrics)
+              .map(([k, v]) => `${k} ${typeof v === "number" ? v.toFixed(4) : v}`)
+              .join(" · ")
+          : "",
+      ),
+      h("td", {}, when(c.created_at)),
+    ),
+  );
+  card.replaceChildren(
+    h(
+      "table",
+      { id: "checkpoints" },
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          ["step", "epoch", "", "size", "sha256", "metrics", "saved"].map((t) => h("th", {}, t)),
+        ),
+      ),
+      h("tbody", {}, rows),
+    ),
+  );
 }

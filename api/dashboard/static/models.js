@@ -1,7 +1,7 @@
-// Models: the registry (GET /api/v1/registry), each model with its versions and aliases,
+// Models: the registry (GET /registry), each model with its versions and aliases,
 // and a link to predict with each.
 
-import { ApiError, api } from "./api.js";
+import { API, ApiError, api } from "./api.js";
 import { h, notice, number, percent, shortId, when } from "./ui.js";
 
 const PAGE_SIZE = 20;
@@ -12,33 +12,56 @@ export async function render(view, ctx) {
   const more = h("div.row");
   let query = "";
   // A later page's failure is shown where its button was; the first page's, by the app.
-  const shown = (loading) => loading.catch((error) => {
-    if (!ctx.signal.aborted) more.replaceChildren(notice(error.message, true));
-  });
+  const shown = (loading) =>
+    loading.catch((error) => {
+      if (!ctx.signal.aborted) more.replaceChildren(notice(error.message, true));
+    });
   const filter = h("input", {
-    name: "q", type: "search", placeholder: "part of a name",
-    onchange: (e) => { query = e.target.value.trim(); cards.replaceChildren(); shown(load(null)); },
+    name: "q",
+    type: "search",
+    placeholder: "part of a name",
+    onchange: (e) => {
+      query = e.target.value.trim();
+      cards.replaceChildren();
+      shown(load(null));
+    },
   });
   // A page of models after `cursor` (null: the first), appended to those shown.
   const load = async (cursor) => {
     const params = new URLSearchParams({ limit: PAGE_SIZE });
     if (query) params.set("q", query);
     if (cursor) params.set("cursor", cursor);
-    const page = await api(`/api/v1/registry?${params}`, { signal: ctx.signal });
+    const page = await api(`/registry?${params}`, { signal: ctx.signal });
     if (!cursor && !page.items.length) {
-      cards.append(notice(query ? `No registered model's name contains “${query}”.`
-        : "No registered models yet: open a succeeded run and press Register."));
+      cards.append(
+        notice(
+          query
+            ? `No registered model's name contains “${query}”.`
+            : "No registered models yet: open a succeeded run and press Register.",
+        ),
+      );
     }
     for (const model of page.items) cards.append(modelCard(model, ctx));
-    more.replaceChildren(page.next_cursor ? h("button.secondary", {
-      id: "more-models", onclick: () => shown(load(page.next_cursor)),
-    }, "more models") : "");
+    more.replaceChildren(
+      page.next_cursor
+        ? h(
+            "button.secondary",
+            {
+              id: "more-models",
+              onclick: () => shown(load(page.next_cursor)),
+            },
+            "more models",
+          )
+        : "",
+    );
   };
   try {
     await load(null);
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
-      view.append(notice("This server has no model registry (GET /api/v1/registry answers 404).", true));
+      view.append(
+        notice(`This server has no model registry (GET ${API}/registry answers 404).`, true),
+      );
       return;
     }
     throw error;
@@ -49,35 +72,100 @@ export async function render(view, ctx) {
 function modelCard(model, ctx) {
   const aliases = model.aliases.map((a) => [a.alias, a.version]);
   const byVersion = new Map();
-  for (const [alias, version] of aliases) byVersion.set(version, [...(byVersion.get(version) ?? []), alias]);
+  for (const [alias, version] of aliases)
+    byVersion.set(version, [...(byVersion.get(version) ?? []), alias]);
   const rows = model.versions.map((v) => {
     const job = v.job_id;
-    return h("tr", { dataset: { version: v.version } },
+    return h(
+      "tr",
+      { dataset: { version: v.version } },
       h("td.num", {}, v.version),
-      h("td", {}, (byVersion.get(v.version) ?? []).map((a) => h("span.status.succeeded", {}, a)), ""),
+      h(
+        "td",
+        {},
+        (byVersion.get(v.version) ?? []).map((a) => h("span.status.succeeded", {}, a)),
+        "",
+      ),
       h("td", {}, job ? h("a", { href: `#/runs/${job}` }, shortId(job)) : "–"),
-      h("td", {}, v.model ?? "–"), h("td", {}, v.checkpoint), h("td.num", {}, number(v.step)),
-      h("td", {}, v.dataset ?? "–"), h("td.num", {}, percent(v.test_error)),
-      h("td.num", {}, number(v.params)), h("td", { title: v.sha256 }, v.sha256.slice(0, 12)),
+      h("td", {}, v.model ?? "–"),
+      h("td", {}, v.checkpoint),
+      h("td.num", {}, number(v.step)),
+      h("td", {}, v.dataset ?? "–"),
+      h("td.num", {}, percent(v.test_error)),
+      h("td.num", {}, number(v.params)),
+      h("td", { title: v.sha256 }, v.sha256.slice(0, 12)),
       h("td", {}, when(v.created_at)),
-      h("td", {}, h("a", { href: `#/predict?model=${encodeURIComponent(`${model.name}/${v.version}`)}` }, "predict"),
-        ctx.can("train") ? [" ", h("button.secondary", {
-          dataset: { action: "alias" }, onclick: () => setAlias(model.name, v.version, ctx),
-        }, "set alias…")] : null));
+      h(
+        "td",
+        {},
+        h(
+          "a",
+          { href: `#/predict?model=${encodeURIComponent(`${model.name}/${v.version}`)}` },
+          "predict",
+        ),
+        ctx.can("train")
+          ? [
+              " ",
+              h(
+                "button.secondary",
+                {
+                  dataset: { action: "alias" },
+                  onclick: () => setAlias(model.name, v.version),
+                },
+                "set alias…",
+              ),
+            ]
+          : null,
+      ),
+    );
   });
-  return h("div.card", { dataset: { model: model.name } },
-    h("h2", {}, model.name, " ", h("span.muted", {},
-      aliases.map(([alias, version]) => `${alias} → v${version}`).join(" · "))),
-    h("table", {}, h("thead", {}, h("tr", {}, ["version", "aliases", "run", "net", "checkpoint", "step", "dataset",
-      "test error", "params", "sha256", "registered", ""].map((t) => h("th", {}, t)))), h("tbody", {}, rows)));
+  return h(
+    "div.card",
+    { dataset: { model: model.name } },
+    h(
+      "h2",
+      {},
+      model.name,
+      " ",
+      h("span.muted", {}, aliases.map(([alias, version]) => `${alias} → v${version}`).join(" · ")),
+    ),
+    h(
+      "table",
+      {},
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          [
+            "version",
+            "aliases",
+            "run",
+            "net",
+            "checkpoint",
+            "step",
+            "dataset",
+            "test error",
+            "params",
+            "sha256",
+            "registered",
+            "",
+          ].map((t) => h("th", {}, t)),
+        ),
+      ),
+      h("tbody", {}, rows),
+    ),
+  );
 }
 
-async function setAlias(name, version, ctx) {
+async function setAlias(name, version) {
   const alias = window.prompt(`Point which alias of ${name} at version ${version}?`, "production");
   if (!alias) return;
   try {
-    await api(`/api/v1/registry/${encodeURIComponent(name)}/aliases/${encodeURIComponent(alias)}`, {
-      method: "PUT", body: { version },
+    await api(`/registry/${encodeURIComponent(name)}/aliases/${encodeURIComponent(alias)}`, {
+      method: "PUT",
+      body: { version },
     });
   } catch (error) {
     window.alert(error.message);

@@ -5,9 +5,14 @@ import { h, notice, shortId } from "./ui.js";
 
 export async function render(view, ctx) {
   const refs = h("datalist", { id: "model-refs" });
-  const model = h("input", { name: "model", list: "model-refs", required: true,
-    placeholder: "name, name@production, name/3 or a job id", size: 40,
-    value: ctx.params.get("model") ?? "" });
+  const model = h("input", {
+    name: "model",
+    list: "model-refs",
+    required: true,
+    placeholder: "name, name@production, name/3 or a job id",
+    size: 40,
+    value: ctx.params.get("model") ?? "",
+  });
   const topK = h("input", { name: "top_k", type: "number", min: 1, max: 100, value: 5 });
   const files = h("input", { type: "file", name: "files", accept: "image/*", multiple: true });
   const drop = h("div.drop", { id: "drop" }, "Drop images here, or ", files);
@@ -17,55 +22,114 @@ export async function render(view, ctx) {
     const form = new FormData();
     for (const file of chosen) form.append("files", file, file.name);
     try {
-      const answer = await api(`/api/v1/predict${query({ model: model.value.trim(), top_k: topK.value })}`,
-        { method: "POST", form });
+      const answer = await api(
+        `/predict${query({ model: model.value.trim(), top_k: topK.value })}`,
+        { method: "POST", form },
+      );
       results.replaceChildren(...drawAnswer(answer, chosen));
     } catch (error) {
       results.replaceChildren(notice(error.message, true));
     }
   };
   files.addEventListener("change", () => files.files.length && run([...files.files]));
-  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    drop.classList.add("over");
+  });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => {
     e.preventDefault();
     drop.classList.remove("over");
     if (e.dataTransfer.files.length) run([...e.dataTransfer.files]);
   });
-  view.append(h("h1", {}, "Predict"),
+  view.append(
+    h("h1", {}, "Predict"),
     h("div.card.row", {}, h("label", {}, "model", model), refs, h("label", {}, "top k", topK)),
-    drop, h("h2", {}, "Top classes"), results);
+    drop,
+    h("h2", {}, "Top classes"),
+    results,
+  );
   suggestRefs(refs, ctx).catch(() => {}); // suggestions only: the field takes any reference
 }
 
 async function suggestRefs(list, ctx) {
   // Suggestions from the first 200 models by name; the field takes any reference.
-  const registered = (await api("/api/v1/registry?limit=200", { signal: ctx.signal })).items;
-  const options = registered.flatMap((m) => [m.name, ...m.aliases.map((a) => `${m.name}@${a.alias}`),
-    ...m.versions.map((v) => `${m.name}/${v.version}`)]);
+  const registered = (await api("/registry?limit=200", { signal: ctx.signal })).items;
+  const options = registered.flatMap((m) => [
+    m.name,
+    ...m.aliases.map((a) => `${m.name}@${a.alias}`),
+    ...m.versions.map((v) => `${m.name}/${v.version}`),
+  ]);
   list.replaceChildren(...options.map((value) => h("option", { value })));
 }
 
 function drawAnswer(answer, chosen) {
   const served = answer.model;
-  const header = h("p.muted", { id: "served" }, [
-    `model ${served.ref}`, served.version ? `${served.name} version ${served.version}` : null,
-    `run ${shortId(served.job_id)}`, `step ${served.step}`, `sha256 ${served.sha256.slice(0, 12)}`,
-    `input ${answer.preprocessing.input_size.join("×")}×${answer.preprocessing.channels}`,
-    `${answer.timing.total_ms.toFixed(1)} ms`,
-  ].filter(Boolean).join(" · "));
-  return [header, ...answer.results.map((image, i) => {
-    const file = chosen[i];
-    const best = image.top_k[0];
-    return h("div.card.pred", { dataset: { file: image.file } },
-      file ? h("img", { src: URL.createObjectURL(file), alt: image.file }) : null,
-      h("div", {},
-        h("div.muted", {}, image.file, image.resize && image.resize !== "none" ? ` (${image.resize})` : ""),
-        image.error ? h("p.error", {}, `${image.error.status}: ${image.error.message}`) : null,
-        best ? h("div.top-class", { dataset: { label: best.label } },
-          best.label, h("span.muted", {}, ` ${(100 * best.probability).toFixed(1)}%`)) : null,
-        h("table", {}, h("tbody", {}, image.top_k.map((c) => h("tr", {},
-          h("td", {}, c.label), h("td.num", {}, `${(100 * c.probability).toFixed(2)}%`),
-          h("td", { style: "width:200px" }, h("div.bar", { style: `width:${100 * c.probability}%` }))))))));
-  })];
+  const header = h(
+    "p.muted",
+    { id: "served" },
+    [
+      `model ${served.ref}`,
+      served.version ? `${served.name} version ${served.version}` : null,
+      `run ${shortId(served.job_id)}`,
+      `step ${served.step}`,
+      `sha256 ${served.sha256.slice(0, 12)}`,
+      `input ${answer.preprocessing.input_size.join("×")}×${answer.preprocessing.channels}`,
+      `${answer.timing.total_ms.toFixed(1)} ms`,
+    ]
+      .filter(Boolean)
+      .join(" · "),
+  );
+  return [
+    header,
+    ...answer.results.map((image, i) => {
+      const file = chosen[i];
+      const best = image.top_k[0];
+      return h(
+        "div.card.pred",
+        { dataset: { file: image.file } },
+        file ? h("img", { src: URL.createObjectURL(file), alt: image.file }) : null,
+        h(
+          "div",
+          {},
+          h(
+            "div.muted",
+            {},
+            image.file,
+            image.resize && image.resize !== "none" ? ` (${image.resize})` : "",
+          ),
+          image.error ? h("p.error", {}, `${image.error.status}: ${image.error.message}`) : null,
+          best
+            ? h(
+                "div.top-class",
+                { dataset: { label: best.label } },
+                best.label,
+                h("span.muted", {}, ` ${(100 * best.probability).toFixed(1)}%`),
+              )
+            : null,
+          h(
+            "table",
+            {},
+            h(
+              "tbody",
+              {},
+              image.top_k.map((c) =>
+                h(
+                  "tr",
+                  {},
+                  h("td", {}, c.label),
+                  h("td.num", {}, `${(100 * c.probability).toFixed(2)}%`),
+                  h(
+                    "td",
+                    { style: "width:200px" },
+                    h("div.bar", { style: `width:${100 * c.probability}%` }),
+                  ),
+                ),
+              ),
+            ),
+          ),
+        ),
+      );
+    }),
+  ];
 }

@@ -1,7 +1,18 @@
 // Runs: the job table with filters, sort, cursor pages, selection for compare, live status.
 
 import { api, query } from "./api.js";
-import { ACTIVE, duration, h, jobTitle, notice, number, percent, rate, statusBadge, when } from "./ui.js";
+import {
+  ACTIVE,
+  duration,
+  h,
+  jobTitle,
+  notice,
+  number,
+  percent,
+  rate,
+  statusBadge,
+  when,
+} from "./ui.js";
 
 const PAGE_SIZE = 50;
 const POLL_MS = 2000;
@@ -9,8 +20,11 @@ const SELECTED = "resnet-service.compare";
 const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
 const FAMILIES = ["resnet", "plain", "preact_resnet"];
 const SORTS = {
-  "-created": "newest first", created: "oldest first", "-finished": "finished, newest",
-  finished: "finished, oldest", best_test_error: "best test error, lowest",
+  "-created": "newest first",
+  created: "oldest first",
+  "-finished": "finished, newest",
+  finished: "finished, oldest",
+  best_test_error: "best test error, lowest",
   "-best_test_error": "best test error, highest",
 };
 
@@ -30,7 +44,7 @@ function setSelected(ids) {
 }
 
 export async function render(view, ctx) {
-  const datasets = await api("/api/v1/datasets", { signal: ctx.signal });
+  const datasets = await api("/datasets", { signal: ctx.signal });
   const table = h("table", { id: "runs" });
   const pager = h("div.pager");
   const compareButton = h("button", { id: "compare-selected", onclick: () => goCompare(ctx) });
@@ -38,7 +52,10 @@ export async function render(view, ctx) {
   if (fresh) view.append(notice(`Job ${fresh} submitted; it is listed below and updates live.`));
   view.append(
     h("h1", {}, "Runs"),
-    filterForm(datasets.map((d) => d.name), () => restart()),
+    filterForm(
+      datasets.map((d) => d.name),
+      () => restart(),
+    ),
     h("div.row", {}, compareButton),
     h("div.card", {}, table, pager),
   );
@@ -53,7 +70,7 @@ export async function render(view, ctx) {
     const params = { ...state.filters, sort: state.sort, limit: PAGE_SIZE, cursor };
     let page;
     try {
-      page = await api(`/api/v1/jobs${query(params)}`, { signal: ctx.signal });
+      page = await api(`/jobs${query(params)}`, { signal: ctx.signal });
     } catch (error) {
       if (ctx.signal.aborted) return;
       table.replaceChildren(h("caption.error", {}, error.message));
@@ -73,72 +90,150 @@ export async function render(view, ctx) {
 function filterForm(datasetNames, changed) {
   const filters = state.filters;
   const choice = (name, label, values, labels = {}) =>
-    h("label", {}, label, h("select", { name, onchange: (e) => { filters[name] = e.target.value; changed(); } },
-      h("option", { value: "" }, "any"),
-      values.map((v) => h("option", { value: v, selected: filters[name] === v }, labels[v] ?? v))));
+    h(
+      "label",
+      {},
+      label,
+      h(
+        "select",
+        {
+          name,
+          onchange: (e) => {
+            filters[name] = e.target.value;
+            changed();
+          },
+        },
+        h("option", { value: "" }, "any"),
+        values.map((v) => h("option", { value: v, selected: filters[name] === v }, labels[v] ?? v)),
+      ),
+    );
   const text = (name, label, placeholder) =>
-    h("label", {}, label, h("input", {
-      name, value: filters[name], placeholder, type: "search",
-      onchange: (e) => { filters[name] = e.target.value.trim(); changed(); },
-    }));
-  const sort = h("label", {}, "sort", h("select", {
-    name: "sort", onchange: (e) => { state.sort = e.target.value; changed(); },
-  }, Object.entries(SORTS).map(([v, l]) => h("option", { value: v, selected: state.sort === v }, l))));
-  return h("form.card.row", { id: "filters", onsubmit: (e) => e.preventDefault() },
+    h(
+      "label",
+      {},
+      label,
+      h("input", {
+        name,
+        value: filters[name],
+        placeholder,
+        type: "search",
+        onchange: (e) => {
+          filters[name] = e.target.value.trim();
+          changed();
+        },
+      }),
+    );
+  const sort = h(
+    "label",
+    {},
+    "sort",
+    h(
+      "select",
+      {
+        name: "sort",
+        onchange: (e) => {
+          state.sort = e.target.value;
+          changed();
+        },
+      },
+      Object.entries(SORTS).map(([v, l]) =>
+        h("option", { value: v, selected: state.sort === v }, l),
+      ),
+    ),
+  );
+  return h(
+    "form.card.row",
+    { id: "filters", onsubmit: (e) => e.preventDefault() },
     choice("status", "status", STATUSES),
     choice("kind", "kind", ["train", "evaluate"]),
     choice("family", "model family", FAMILIES),
     choice("dataset", "dataset", datasetNames),
     text("tag", "tag", "paper-fig6"),
     text("q", "name contains", "resnet56…"),
-    sort);
+    sort,
+  );
 }
 
 const COLUMNS = [
-  ["", null], ["run", null], ["status", null], ["kind", null], ["model", null], ["dataset", null],
-  ["depth", null, true], ["params", null, true], ["best test err", "best_test_error", true],
-  ["final test err", null, true], ["duration", null, true], ["images/s", null, true],
+  ["", null],
+  ["run", null],
+  ["status", null],
+  ["kind", null],
+  ["model", null],
+  ["dataset", null],
+  ["depth", null, true],
+  ["params", null, true],
+  ["best test err", "best_test_error", true],
+  ["final test err", null, true],
+  ["duration", null, true],
+  ["images/s", null, true],
   ["created", "created"],
 ];
 
 function drawTable(table, jobs, fresh, selectionChanged, reload) {
-  const header = h("tr", {}, COLUMNS.map(([label, sort, num]) => {
-    if (!sort) return h(num ? "th.num" : "th", {}, label);
-    const arrow = state.sort === sort ? " ▲" : state.sort === `-${sort}` ? " ▼" : "";
-    return h(num ? "th.num.sortable" : "th.sortable", {
-      dataset: { sort },
-      onclick: () => {
-        state.sort = state.sort === `-${sort}` ? sort : `-${sort}`;
-        state.cursors = [null];
-        document.querySelector('#filters select[name="sort"]').value = state.sort;
-        reload();
-      },
-    }, label + arrow);
-  }));
+  const header = h(
+    "tr",
+    {},
+    COLUMNS.map(([label, sort, num]) => {
+      if (!sort) return h(num ? "th.num" : "th", {}, label);
+      const arrow = state.sort === sort ? " ▲" : state.sort === `-${sort}` ? " ▼" : "";
+      return h(
+        num ? "th.num.sortable" : "th.sortable",
+        {
+          dataset: { sort },
+          onclick: () => {
+            state.sort = state.sort === `-${sort}` ? sort : `-${sort}`;
+            state.cursors = [null];
+            document.querySelector('#filters select[name="sort"]').value = state.sort;
+            reload();
+          },
+        },
+        label + arrow,
+      );
+    }),
+  );
   const chosen = new Set(selected());
-  const rows = jobs.map((job) => h(job.id === fresh ? "tr.fresh" : "tr", { dataset: { id: job.id } },
-    h("td", {}, h("input", {
-      type: "checkbox", checked: chosen.has(job.id), title: "select to compare",
-      onchange: (e) => {
-        const ids = selected().filter((id) => id !== job.id);
-        if (e.target.checked) ids.push(job.id);
-        setSelected(ids);
-        selectionChanged();
-      },
-    })),
-    h("td", {}, h("a", { href: `#/runs/${job.id}` }, jobTitle(job)), job.tags.map((t) => h("span.tag", {}, t))),
-    h("td", {}, statusBadge(job.status), job.status === "running" ? progressText(job) : null),
-    h("td", {}, job.kind),
-    h("td", {}, job.model ?? "–"),
-    h("td", {}, job.dataset ?? "–"),
-    h("td.num", {}, job.depth ?? "–"),
-    h("td.num", {}, number(job.results.params)),
-    h("td.num", { dataset: { col: "best" } }, percent(job.results.best_test_error)),
-    h("td.num", {}, percent(job.results.final_test_error)),
-    h("td.num", {}, duration(job)),
-    h("td.num", {}, rate(job.results.images_per_s)),
-    h("td", {}, when(job.created_at))));
-  const body = rows.length ? rows : [h("tr", {}, h("td.muted", { colSpan: COLUMNS.length }, "No runs match."))];
+  const rows = jobs.map((job) =>
+    h(
+      job.id === fresh ? "tr.fresh" : "tr",
+      { dataset: { id: job.id } },
+      h(
+        "td",
+        {},
+        h("input", {
+          type: "checkbox",
+          checked: chosen.has(job.id),
+          title: "select to compare",
+          onchange: (e) => {
+            const ids = selected().filter((id) => id !== job.id);
+            if (e.target.checked) ids.push(job.id);
+            setSelected(ids);
+            selectionChanged();
+          },
+        }),
+      ),
+      h(
+        "td",
+        {},
+        h("a", { href: `#/runs/${job.id}` }, jobTitle(job)),
+        job.tags.map((t) => h("span.tag", {}, t)),
+      ),
+      h("td", {}, statusBadge(job.status), job.status === "running" ? progressText(job) : null),
+      h("td", {}, job.kind),
+      h("td", {}, job.model ?? "–"),
+      h("td", {}, job.dataset ?? "–"),
+      h("td.num", {}, job.depth ?? "–"),
+      h("td.num", {}, number(job.results.params)),
+      h("td.num", { dataset: { col: "best" } }, percent(job.results.best_test_error)),
+      h("td.num", {}, percent(job.results.final_test_error)),
+      h("td.num", {}, duration(job)),
+      h("td.num", {}, rate(job.results.images_per_s)),
+      h("td", {}, when(job.created_at)),
+    ),
+  );
+  const body = rows.length
+    ? rows
+    : [h("tr", {}, h("td.muted", { colSpan: COLUMNS.length }, "No runs match."))];
   table.replaceChildren(h("thead", {}, header), h("tbody", {}, body));
 }
 
@@ -150,15 +245,31 @@ function progressText(job) {
 function drawPager(pager, nextCursor, load) {
   const page = state.cursors.length;
   pager.replaceChildren(
-    h("button.secondary", {
-      id: "prev-page", disabled: page === 1,
-      onclick: () => { state.cursors.pop(); load(); },
-    }, "‹ prev"),
+    h(
+      "button.secondary",
+      {
+        id: "prev-page",
+        disabled: page === 1,
+        onclick: () => {
+          state.cursors.pop();
+          load();
+        },
+      },
+      "‹ prev",
+    ),
     h("span.muted", {}, `page ${page} · ${PAGE_SIZE} per page`),
-    h("button.secondary", {
-      id: "next-page", disabled: !nextCursor,
-      onclick: () => { state.cursors.push(nextCursor); load(); },
-    }, "next ›"),
+    h(
+      "button.secondary",
+      {
+        id: "next-page",
+        disabled: !nextCursor,
+        onclick: () => {
+          state.cursors.push(nextCursor);
+          load();
+        },
+      },
+      "next ›",
+    ),
   );
 }
 

@@ -21,7 +21,8 @@ export function h(tag, attrs = {}, ...children) {
 
 export const percent = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(2)}%`);
 export const number = (x) => (x === null || x === undefined ? "–" : x.toLocaleString("en-US"));
-export const rate = (x) => (x === null || x === undefined ? "–" : Math.round(x).toLocaleString("en-US"));
+export const rate = (x) =>
+  x === null || x === undefined ? "–" : Math.round(x).toLocaleString("en-US");
 export const when = (t) => (t ? new Date(t).toLocaleString() : "–");
 export const shortId = (id) => String(id).slice(0, 8);
 
