@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
+# The dashboard's scripts are checked by Biome (lint + format), pinned in package-lock.json.
+NODE_STAMP := node_modules/.installed
+BIOME := node_modules/.bin/biome
 
 .PHONY: run test lint format clean chromium
 
@@ -31,14 +34,20 @@ chromium:
 	@test -x $(CHROMIUM) || apt-get install -y chromium \
 		|| { apt-get update && apt-get install -y chromium; }
 
-lint: $(STAMP)
+$(NODE_STAMP): package-lock.json
+	npm ci --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+lint: $(STAMP) $(NODE_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIOME) ci --error-on-warnings
 
-format: $(STAMP)
+format: $(STAMP) $(NODE_STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+	$(BIOME) check --write
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
