@@ -65,7 +65,7 @@ class TooLargeError(ApiError):
     status = 413
 
 
-class UnsupportedImageError(ApiError):
+class UnsupportedMediaError(ApiError):
     status = 415
 
 

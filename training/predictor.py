@@ -31,11 +31,19 @@ DEFAULT_MAX_PIXELS = 40_000_000
 
 
 class ImageRejectedError(ValueError):
-    """An uploaded file that is not a usable image; `status` is the HTTP status to answer."""
+    """An uploaded file that is not a usable image: one of the three kinds below."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+
+class UndecodableImageError(ImageRejectedError):
+    """The file is empty, truncated or its pixels cannot be decoded."""
+
+
+class ImageTooLargeError(ImageRejectedError):
+    """The image is over a byte or pixel limit."""
+
+
+class UnsupportedImageError(ImageRejectedError):
+    """The file is not an image in an allowed format."""
 
 
 def open_checked(
@@ -47,27 +55,25 @@ def open_checked(
     (which finds a truncated file) unless `load` is false: `load_checked` does it later.
     """
     if not data:
-        raise ImageRejectedError(400, f"{name}: the file is empty")
+        raise UndecodableImageError(f"{name}: the file is empty")
     try:
         with warnings.catch_warnings():
             # Pillow warns before its own bomb limit; our limit is checked just below.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:
-        raise ImageRejectedError(413, f"{name}: over the limit of {max_pixels:,} pixels") from None
+        raise ImageTooLargeError(f"{name}: over the limit of {max_pixels:,} pixels") from None
     except (OSError, ValueError, SyntaxError) as error:
-        raise ImageRejectedError(
-            415, f"{name}: not an image in a supported format ({error})"
+        raise UnsupportedImageError(
+            f"{name}: not an image in a supported format ({error})"
         ) from None
     if image.format not in ALLOWED_FORMATS:
         allowed = ", ".join(sorted(ALLOWED_FORMATS))
-        raise ImageRejectedError(
-            415, f"{name}: format {image.format} is not allowed; use {allowed}"
-        )
+        raise UnsupportedImageError(f"{name}: format {image.format} is not allowed; use {allowed}")
     width, height = image.size
     if width * height > max_pixels:
-        raise ImageRejectedError(
-            413, f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,}"
+        raise ImageTooLargeError(
+            f"{name}: {width}x{height} pixels is over the limit of {max_pixels:,}"
         )
     return load_checked(image, name) if load else image
 
@@ -77,8 +83,8 @@ def load_checked(image: Image.Image, name: str) -> Image.Image:
     try:
         image.load()
     except (OSError, SyntaxError, ValueError) as error:
-        raise ImageRejectedError(
-            400, f"{name}: the image is truncated or corrupt ({error})"
+        raise UndecodableImageError(
+            f"{name}: the image is truncated or corrupt ({error})"
         ) from None
     return image
 

@@ -31,7 +31,7 @@ from api.errors import (
     OverloadedError,
     ServerFaultError,
     TooLargeError,
-    UnsupportedImageError,
+    UnsupportedMediaError,
     responses,
 )
 from api.model_cache import ModelCache, RefCache
@@ -55,17 +55,25 @@ from core.errors import ConflictError, InvalidError
 from core.settings import Settings
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
-from training.predictor import ImageRejectedError, fit_to, load_checked, open_checked
+from training.predictor import (
+    ImageRejectedError,
+    ImageTooLargeError,
+    UndecodableImageError,
+    UnsupportedImageError,
+    fit_to,
+    load_checked,
+    open_checked,
+)
 
 router = APIRouter(prefix=f"{API_PREFIX}/predict", tags=["predict"])
 PATH = router.prefix  # the body limit of this exact path is sized by `body_limit`
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers of a full request, generously
 
 
-_FILE_ERRORS: dict[int, type[ApiError]] = {
-    400: BadImageError,
-    413: TooLargeError,
-    415: UnsupportedImageError,
+_FILE_ERRORS: dict[type[ImageRejectedError], type[ApiError]] = {
+    UndecodableImageError: BadImageError,
+    ImageTooLargeError: TooLargeError,
+    UnsupportedImageError: UnsupportedMediaError,
 }
 
 
@@ -269,7 +277,7 @@ def _opened(settings: Settings, index: int, upload: UploadFile) -> _Opened:
     size = upload.size if upload.size is not None else 0
     if size > limit:  # refused without reading it
         message = f"{name}: {size:,} bytes is over the limit of {limit:,} per image"
-        return _Image(name, error=ImageRejectedError(413, message)), None
+        return _Image(name, error=ImageTooLargeError(message)), None
     data = upload.file.read()
     try:
         image = open_checked(data, name, max_pixels=settings.predict_max_pixels, load=False)
@@ -292,7 +300,7 @@ def _fitted(info: DatasetInfo, file: _Image, image: Image.Image | None) -> _Imag
     except ImageRejectedError as error:
         return _Image(name, error=error)
     except (OSError, ValueError) as error:  # decodable header, undecodable pixel data
-        return _Image(name, error=ImageRejectedError(400, f"{name}: cannot be decoded ({error})"))
+        return _Image(name, error=UndecodableImageError(f"{name}: cannot be decoded ({error})"))
     return _Image(name, array=array, resize=resize)
 
 
@@ -302,7 +310,7 @@ def _all_failed(images: list[_Image]) -> ApiError:
     first = failed[0][1]
     details = [ErrorDetail(loc=["body", "files", i], msg=str(e)) for i, e in failed]
     message = "no file could be classified: " + "; ".join(str(e) for _, e in failed)
-    return _FILE_ERRORS.get(first.status, BadImageError)(message, details=details)
+    return _FILE_ERRORS[type(first)](message, details=details)
 
 
 def _results(
@@ -315,7 +323,7 @@ def _results(
     results: list[dict[str, object]] = []
     for image in images:
         if image.error is not None:
-            error = {"status": image.error.status, "message": str(image.error)}
+            error = {"status": _FILE_ERRORS[type(image.error)].status, "message": str(image.error)}
             results.append({"file": image.name, "resize": None, "top_k": [], "error": error})
             continue
         scores, labels = next(rows)
