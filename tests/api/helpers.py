@@ -4,9 +4,8 @@ job with real checkpoints, a clock that moves when told."""
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
-from core import jobs, keys
+from core import artifacts, jobs, keys
 from core.db.session import session_scope
 from core.kinds import TrainJobSpec
 from core.settings import Settings
@@ -50,11 +49,6 @@ def finish(url: str, job_id: uuid.UUID, token: int, **summary: float) -> None:
         )
 
 
-def artifact_folder(settings: Settings, job_id: uuid.UUID) -> Path:
-    """Where a job's files live."""
-    return settings.artifact_dir / "jobs" / str(job_id)
-
-
 TINY = {
     "model": {"name": "resnet8"},
     "dataset": {"name": "synthetic", "image_size": 8, "train_size": 32, "test_size": 8},
@@ -67,7 +61,7 @@ def trained_job(settings: Settings) -> uuid.UUID:
     url = settings.database_url
     job_id = new_job(url, model={"name": "resnet8"})
     token = claim(url, job_id)
-    out = artifact_folder(settings, job_id)
+    out = artifacts.job_dir(settings, job_id)
     spec = TrainSpec.model_validate(TINY)
     fit(spec, load_dataset(spec.dataset, data_root=out), out_dir=out, sink=RecordingSink())
     folder = out / "checkpoints"

@@ -14,11 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from core import jobs
+from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Event, Metric
 from core.settings import Settings
-from tests.api.helpers import artifact_folder, claim, finish, new_job
+from tests.api.helpers import claim, finish, new_job
 
 JOBS = "/api/v1/jobs"
 
@@ -234,7 +234,7 @@ def test_checkpoints_are_listed_and_delete_removes_rows_and_files(
     url = settings.database_url
     job_id = new_job(url)
     token = claim(url, job_id)
-    folder = artifact_folder(settings, job_id)
+    folder = artifacts.job_dir(settings, job_id)
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "step-4.pt").write_bytes(b"weights")
     with session_scope(url) as session:

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.model_cache import RefCache
 from cli.main import app
-from core import model_registry
+from core import artifacts, model_registry
 from core.db.session import session_scope
 from core.db.tables import ModelVersion, RegisteredModel
 from core.kinds import TrainJobSpec
@@ -39,6 +39,7 @@ from tests.worker.support import (
     submit,
     wait_status,
 )
+from training import checkpoints
 from training.data import TensorSplit
 from training.datasets import load_dataset
 from training.runs import load_trained_model
@@ -151,7 +152,7 @@ def test_digits_are_classified_as_the_evaluation_engine_does(
     assert body["preprocessing"]["input_size"] == [8, 8]
     assert body["timing"]["total_ms"] >= body["timing"]["queue_forward_ms"] > 0
     # The same probabilities as the evaluation engine on the same checkpoint and images.
-    best = settings.artifact_dir / "jobs" / str(registered) / "checkpoints" / "best.pt"
+    best = artifacts.job_dir(settings, registered) / checkpoints.DIRECTORY / checkpoints.BEST
     engine = engine_probabilities(best, test)
     for row, top in zip(engine, answered, strict=True):
         assert len(top) == 5
