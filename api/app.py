@@ -1,4 +1,4 @@
-"""The FastAPI application: routers under /api/v1, one error shape, metrics, body limits.
+"""The FastAPI application: routers under /api/v1 (mounted once), one error shape, limits.
 
 Run it with `uvicorn --factory api.app:create_app`; it refuses to start on a database
 that is not migrated to head, unless MIGRATE_ON_START is set (the embedded mode).
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypedDict
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api import errors
@@ -21,7 +21,18 @@ from api.deps import KeyCache
 from api.limits import BodyLimit
 from api.model_cache import ModelCache, RefCache
 from api.model_process import ServingOptions
-from api.routers import dashboard, datasets, health, jobs, keys, model_registry, predict, zoo
+from api.routers import (
+    dashboard,
+    datasets,
+    health,
+    jobs,
+    keys,
+    model_registry,
+    predict,
+    session,
+    zoo,
+)
+from api.schemas import API_PREFIX
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
@@ -43,11 +54,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keys = KeyCache()  # API keys checked a moment ago (api.deps)
     errors.install(app)
     uploads = {
-        datasets.router.prefix: settings.max_upload_bytes,
+        API_PREFIX + datasets.router.prefix: settings.max_upload_bytes,
         predict.PATH: predict.body_limit(settings),
     }
     app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
+    app.include_router(_api())
+    app.include_router(dashboard.router)
+    return app
+
+
+def _api() -> APIRouter:
+    """Every API router, under /api/v1."""
+    api = APIRouter(prefix=API_PREFIX)
     # Routes are matched in order: the hot prediction path first.
     for router in (
         predict.router,
@@ -56,11 +75,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         zoo.router,
         datasets.router,
         keys.router,
+        session.router,
         health.router,
-        dashboard.router,
     ):
-        app.include_router(router)
-    return app
+        api.include_router(router)
+    return api
 
 
 class Serving(TypedDict):
@@ -96,8 +115,9 @@ def _warm_up(stop: threading.Event) -> None:
     if stop.is_set():
         return
     # Start-up objects (torch, the zoo, the app) live as long as the process. Scanning them
-    # took 320 ms per full collection here, every 2 s under prediction load: a pause of the
-    # event loop that was every request's p99. Frozen, they are never scanned again.
+    # took 0.7 s per full collection here (`python -m bench.serving_form`), every 2 s under
+    # prediction load: a pause of the event loop that was every request's p99. Frozen,
+    # they are never scanned again.
     gc.collect()
     gc.freeze()
 

@@ -203,6 +203,13 @@ class JobQuery(BaseModel):
         return kind
 
 
+class SessionOut(BaseModel):
+    """Whether the API asks for keys, and what the caller's key may do."""
+
+    auth_enabled: bool
+    scopes: list[str]
+
+
 class KindOut(BaseModel):
     """A job kind the service runs."""
 

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.schemas import API_PREFIX
 from core import queue
 from core.db.session import session_scope
 from core.db.tables import JOB_STATUSES, Job
@@ -100,7 +101,18 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
+            route = _template(scope)
             self.telemetry.requests.labels(scope["method"], route, str(status)).inc()
             elapsed = time.perf_counter() - started
             self.telemetry.latency.labels(scope["method"], route).observe(elapsed)
+
+
+def _template(scope: Scope) -> str:
+    """The route template a request matched, e.g. /api/v1/jobs/{job_id}; or "unmatched"."""
+    path = getattr(scope.get("route"), "path", None)
+    if path is None:
+        return "unmatched"
+    # The API's routers are mounted under API_PREFIX (api/app.py); a route knows its own part.
+    if scope["path"].startswith(API_PREFIX + "/") and not path.startswith(API_PREFIX + "/"):
+        return f"{API_PREFIX}{path}"
+    return str(path)

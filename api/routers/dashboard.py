@@ -1,4 +1,4 @@
-"""The dashboard: its page, its scripts and styles, plotly.js, and the caller's session.
+"""The dashboard: its page, its scripts and styles, and plotly.js.
 
 Everything the browser loads comes from this process, so the dashboard works offline.
 """
@@ -11,12 +11,6 @@ from pathlib import Path
 import plotly.offline
 from fastapi import APIRouter, Response
 from fastapi.responses import FileResponse, HTMLResponse
-from pydantic import BaseModel
-
-from api.deps import CurrentKey, SettingsDep
-from api.errors import responses
-from api.schemas import API_PREFIX
-from core.keys import SCOPES
 
 router = APIRouter(tags=["dashboard"])
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
@@ -25,13 +19,6 @@ STATIC = DASHBOARD / "static"
 # plotly.js changes only with the installed package, so it is cached for a year.
 REVALIDATE = "no-cache"
 YEAR = "public, max-age=31536000, immutable"
-
-
-class SessionOut(BaseModel):
-    """Whether the API asks for keys, and what the caller's key may do."""
-
-    auth_enabled: bool
-    scopes: list[str]
 
 
 @router.get("/", include_in_schema=False)
@@ -66,15 +53,3 @@ def _static_route(path: Path) -> None:
 for _file in sorted(STATIC.iterdir()):
     if _file.is_file() and not _file.name.startswith("."):
         _static_route(_file)
-
-
-@router.get(
-    f"{API_PREFIX}/session",
-    summary="The caller's scopes, and whether auth is on",
-    responses=responses(401),
-)
-def session(settings: SettingsDep, key: CurrentKey) -> SessionOut:
-    """With auth off every scope is allowed; with auth on, the presented key's."""
-    if key is None:
-        return SessionOut(auth_enabled=settings.auth_enabled, scopes=list(SCOPES))
-    return SessionOut(auth_enabled=True, scopes=sorted(key.scopes))

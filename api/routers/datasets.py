@@ -10,12 +10,12 @@ from fastapi import APIRouter, UploadFile, status
 
 from api.deps import ReadKey, SettingsDep, TrainKey
 from api.errors import responses
-from api.schemas import API_PREFIX, DatasetOut, UploadOut
+from api.schemas import DatasetOut, UploadOut
 from core.errors import InvalidError
 from training.datasets import available_datasets, unpack_archive
 from training.datasets.archives import ARCHIVE_SUFFIXES
 
-router = APIRouter(prefix=f"{API_PREFIX}/datasets", tags=["datasets"])
+router = APIRouter(prefix="/datasets", tags=["datasets"])
 UPLOADS = "uploads"  # under DATA_DIR; each upload unpacks into uploads/<sha256>/
 
 

@@ -12,10 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api import probes
 from api.deps import SettingsDep
-from api.schemas import API_PREFIX, HealthOut, ReadyOut
+from api.schemas import HealthOut, ReadyOut
 from api.telemetry import Telemetry
 
-router = APIRouter(prefix=API_PREFIX, tags=["health"])
+router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", summary="The process is up")

@@ -18,7 +18,6 @@ from api import queries
 from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
 from api.errors import responses
 from api.schemas import (
-    API_PREFIX,
     CheckpointOut,
     JobItem,
     JobOut,
@@ -38,7 +37,7 @@ from core.queue import enqueue
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix=f"{API_PREFIX}/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.post(

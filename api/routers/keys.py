@@ -8,11 +8,11 @@ from fastapi import APIRouter, status
 
 from api.deps import AdminKey, KeysDep, SessionDep
 from api.errors import responses
-from api.schemas import API_PREFIX, KeyCreated, KeyIn, KeyOut
+from api.schemas import KeyCreated, KeyIn, KeyOut
 from core import keys
 from core.errors import NotFoundError
 
-router = APIRouter(prefix=f"{API_PREFIX}/keys", tags=["keys"])
+router = APIRouter(prefix="/keys", tags=["keys"])
 
 
 @router.post(

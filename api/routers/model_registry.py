@@ -14,7 +14,6 @@ from api.deps import ReadKey, RefsDep, SessionDep, TrainKey
 from api.errors import responses
 from api.model_cache import RefCache
 from api.schemas import (
-    API_PREFIX,
     AliasIn,
     AliasOut,
     RegisteredModelOut,
@@ -26,7 +25,7 @@ from api.schemas import (
 from core import model_registry
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 
-router = APIRouter(prefix=f"{API_PREFIX}/registry", tags=["registry"])
+router = APIRouter(prefix="/registry", tags=["registry"])
 
 
 @router.get("", summary="Registered models", responses=responses(401, 403, 422))

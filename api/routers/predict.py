@@ -65,8 +65,8 @@ from training.predictor import (
     open_checked,
 )
 
-router = APIRouter(prefix=f"{API_PREFIX}/predict", tags=["predict"])
-PATH = router.prefix  # the body limit of this exact path is sized by `body_limit`
+router = APIRouter(prefix="/predict", tags=["predict"])
+PATH = API_PREFIX + router.prefix  # this exact path's body limit is sized by `body_limit`
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers of a full request, generously
 
 

@@ -11,11 +11,11 @@ from fastapi import APIRouter
 import models
 from api.deps import ReadKey
 from api.errors import responses
-from api.schemas import API_PREFIX, ModelOptionOut, ModelOptionsOut, ModelOut, OptionChoice
+from api.schemas import ModelOptionOut, ModelOptionsOut, ModelOut, OptionChoice
 from models.config import BLOCKS, SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS, UnitConfig
 from models.zoo import FAMILIES, VARIANT_OPTIONS
 
-router = APIRouter(prefix=f"{API_PREFIX}/models", tags=["models"])
+router = APIRouter(prefix="/models", tags=["models"])
 # Counting MACs takes about 12 s of CPU for the whole zoo (ResNet-1202 alone 2.5 s), so the
 # app describes the nets in the background at start; a lock per net keeps a request
 # that arrives meanwhile from counting the same net twice.

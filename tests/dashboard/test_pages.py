@@ -62,6 +62,17 @@ def test_runs_page_lists_filters_sorts_and_pages(
     expect(first).to_contain_text("digits")
     expect(first.locator(".tag")).to_have_text("fig6")
     screenshot(page, "runs")
+    # The kind and family choices are the API's, so a new kind or family needs no JS change.
+    with server.client() as client:
+        kinds = [kind["kind"] for kind in client.get("/api/v1/jobs/kinds").json()]
+    offered = page.locator("#filters select[name=kind] option").evaluate_all(
+        "options => options.map(o => o.value).filter(v => v)"
+    )
+    assert offered == kinds == ["train", "evaluate"]
+    page.select_option("#filters select[name=kind]", "evaluate")
+    expect(rows).to_have_text(["No runs match."])
+    page.select_option("#filters select[name=kind]", "")
+    expect(rows).to_have_count(50)
 
     page.select_option("#filters select[name=family]", "plain")
     expect(rows).to_have_count(1)

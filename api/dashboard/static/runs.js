@@ -18,7 +18,6 @@ const PAGE_SIZE = 50;
 const POLL_MS = 2000;
 const SELECTED = "resnet-service.compare";
 const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
-const FAMILIES = ["resnet", "plain", "preact_resnet"];
 const SORTS = {
   "-created": "newest first",
   created: "oldest first",
@@ -44,7 +43,12 @@ function setSelected(ids) {
 }
 
 export async function render(view, ctx) {
-  const datasets = await api("/datasets", { signal: ctx.signal });
+  // The filters' choices come from the API: a new job kind or net family needs no change here.
+  const [datasets, kinds, zoo] = await Promise.all([
+    api("/datasets", { signal: ctx.signal }),
+    api("/jobs/kinds", { signal: ctx.signal }),
+    api("/models/options", { signal: ctx.signal }),
+  ]);
   const table = h("table", { id: "runs" });
   const pager = h("div.pager");
   const compareButton = h("button", { id: "compare-selected", onclick: () => goCompare(ctx) });
@@ -53,7 +57,11 @@ export async function render(view, ctx) {
   view.append(
     h("h1", {}, "Runs"),
     filterForm(
-      datasets.map((d) => d.name),
+      {
+        datasets: datasets.map((d) => d.name),
+        kinds: kinds.map((k) => k.kind),
+        families: zoo.families,
+      },
       () => restart(),
     ),
     h("div.row", {}, compareButton),
@@ -87,7 +95,7 @@ export async function render(view, ctx) {
   await load();
 }
 
-function filterForm(datasetNames, changed) {
+function filterForm(choices, changed) {
   const filters = state.filters;
   const choice = (name, label, values, labels = {}) =>
     h(
@@ -145,9 +153,9 @@ function filterForm(datasetNames, changed) {
     "form.card.row",
     { id: "filters", onsubmit: (e) => e.preventDefault() },
     choice("status", "status", STATUSES),
-    choice("kind", "kind", ["train", "evaluate"]),
-    choice("family", "model family", FAMILIES),
-    choice("dataset", "dataset", datasetNames),
+    choice("kind", "kind", choices.kinds),
+    choice("family", "model family", choices.families),
+    choice("dataset", "dataset", choices.datasets),
     text("tag", "tag", "paper-fig6"),
     text("q", "name contains", "resnet56…"),
     sort,
