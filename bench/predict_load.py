@@ -62,7 +62,7 @@ SPEC = {
     "dataset": {"name": "synthetic", "image_size": 32, "train_size": 64, "test_size": 16},
     "recipe": {"iterations": 1, "batch_size": 32},
 }
-# Goals of the issue, on this 2-core CPU.
+# The service's serving targets on this 2-core CPU.
 GOAL_OF_BARE = 0.6  # c64 throughput / bare batched forward throughput
 GOAL_OVER_UNBATCHED = 5.0  # c64 throughput / unbatched endpoint's at c64
 GOAL_C1_OVER_BARE_MS = 3.0  # c1 p50 - bare batch-1 forward
@@ -263,7 +263,7 @@ def bare_forward(
 def report(
     batched: list[Load], unbatched: list[Load], bare: dict[str, dict[int, tuple[float, float]]]
 ) -> None:
-    """The tables, and the goals of the issue against this run's figures.
+    """The tables, and the serving targets against this run's figures.
 
     `bare` holds the served net's forward ("served") and, when that is the serving form,
     the eager net's ("eager") too.
@@ -361,7 +361,7 @@ def main() -> None:
             sizes = sorted({1, 64, *(formed_batch(load) for load in batched)})
             path, sha256 = Path(target.path), target.sha256
             bare = {"served": bare_forward(path, sha256, sizes, fold=not args.no_fold)}
-            if not args.no_fold:  # and the net as trained, which the issue's goals name
+            if not args.no_fold:  # and the net as trained, which the targets name too
                 bare["eager"] = bare_forward(path, sha256, sizes, fold=False)
         report(batched, unbatched, bare)
         # Other processes on these 2 cores skew every figure above: say how busy it was.
