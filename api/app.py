@@ -115,7 +115,7 @@ def _warm_up(stop: threading.Event) -> None:
     if stop.is_set():
         return
     # Start-up objects (torch, the zoo, the app) live as long as the process. Scanning them
-    # took 0.7 s per full collection here (`python -m bench.serving_form`), every 2 s under
+    # took 0.5 s per full collection here (`python -m bench.serving_form`), every 2 s under
     # prediction load: a pause of the event loop that was every request's p99. Frozen,
     # they are never scanned again.
     gc.collect()

@@ -2,8 +2,8 @@
 
 Why a process: a forward pass in eager PyTorch takes the GIL back between every layer, so
 a model thread sharing the API's process waits up to the interpreter's switch interval
-(5 ms) behind the busy event loop at each layer: here ResNet-20 at batch 20 took 53 ms
-alone and 174 ms next to a busy Python thread (`python -m bench.serving_form`). In a
+(5 ms) behind the busy event loop at each layer: here ResNet-20 at batch 20 took 60 ms
+alone and 670 ms next to a busy Python thread (`python -m bench.serving_form`). In a
 process of its own the forward runs at full speed and the event loop never waits for it.
 
 The API end (`ModelProcess`) writes each request's uint8 images to a socket pair and
@@ -334,7 +334,7 @@ def threads_for(replicas: int) -> int:
     """Intra-op threads per model process: the cores but one, shared by the replicas.
 
     The core left over is the API's. With another process busy on one of 2 cores here,
-    ResNet-20's serving form at batch 32 ran 30 images/s on two intra-op threads and 215
+    ResNet-20's serving form at batch 32 ran 336 images/s on two intra-op threads and 481
     on one (`python -m bench.serving_form`): each layer's threads wait at a barrier for
     the one that is not running.
     """

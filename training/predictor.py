@@ -123,9 +123,9 @@ def serving_form(model: nn.Module) -> nn.Module:
     """The eval-mode net with each batch norm that follows a convolution folded into it,
     in channels_last: the same function up to float rounding, in fewer, faster kernels.
 
-    ResNet-20 on one thread at batch 32: 1.2x the eager net's images/s here
+    ResNet-20 on one thread at batch 32: 1.6x the eager net's images/s here
     (`python -m bench.serving_form`).
-    Probabilities differ from the eager net's by under 1e-6 (tests/training/test_inference).
+    Probabilities differ from the eager net's by under 1e-6 (tests/training/test_predictor).
     A pre-activation unit's batch norms precede their convolutions and stay.
     """
     folded = fx_optimization.fuse(model)  # traces the net with torch.fx; copies it
