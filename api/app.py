@@ -30,6 +30,7 @@ from api.routers import (
     model_registry,
     predict,
     session,
+    studies,
     zoo,
 )
 from api.schemas import API_PREFIX
@@ -72,6 +73,7 @@ def _api() -> APIRouter:
         predict.router,
         model_registry.router,
         jobs.router,
+        studies.router,
         zoo.router,
         datasets.router,
         keys.router,

@@ -58,6 +58,7 @@ class JobFilter:
     dataset: str | None = None
     tag: str | None = None
     q: str | None = None
+    study: uuid.UUID | None = None
 
 
 def list_jobs(
@@ -93,6 +94,7 @@ def _conditions(filters: JobFilter, dialect: str) -> list[ColumnElement[bool]]:
         Job.model_name: filters.model,
         Job.model_family: filters.family,
         Job.dataset_name: filters.dataset,
+        Job.study_id: filters.study,
     }
     conditions += [column == value for column, value in equal.items() if value is not None]
     if filters.tag is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.db.tables import ApiKey, Checkpoint, Event, Job
 from core.kinds import KINDS
@@ -93,6 +93,9 @@ class JobItem(BaseModel):
     depth: int | None
     dataset: str | None
     source_job: uuid.UUID | None
+    study: uuid.UUID | None = Field(None, description="The study the job is a cell of.")
+    cell: int | None = Field(None, description="Its cell in the study's grid.")
+    held: bool = Field(False, description="Queued but waiting for its study's turn.")
     attempt: int
     max_attempts: int
     worker: str | None
@@ -140,6 +143,9 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "family": job.model_family,
         "dataset": job.dataset_name,
         "source_job": job.source_job_id,
+        "study": job.study_id,
+        "cell": job.cell,
+        "held": job.held,
         "progress": {"step": job.step, "total_steps": job.total_steps},
         "results": results,
         "links": JobLinks.of(job.id),
@@ -191,6 +197,7 @@ class JobQuery(BaseModel):
     dataset: str | None = Field(None, max_length=100)
     tag: str | None = Field(None, max_length=200)
     q: str | None = Field(None, max_length=200, description="Text in the job's name.")
+    study: uuid.UUID | None = Field(None, description="The jobs of this study.")
     sort: JobSort = "-created"
     limit: int = Field(50, ge=1, le=200)
     cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
@@ -515,3 +522,154 @@ class PredictStats(BaseModel):
 
     loads: int
     models: list[BatcherStats]
+
+
+class StudyIn(BaseModel):
+    """A study: a preset on a dataset, or a base train spec with a grid; and its seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str | None = Field(None, max_length=64, description="GET /studies/presets.")
+    dataset: dict[str, Any] | None = Field(
+        None, description="With a preset: the dataset spec, e.g. {'name': 'fashion_mnist'}."
+    )
+    scale: Literal["quick", "paper"] = Field(
+        "quick", description="With a preset: quick (CPU, minutes) or paper (the papers' recipe)."
+    )
+    base: dict[str, Any] | None = Field(
+        None, description="Without a preset: a train spec (model, dataset, recipe)."
+    )
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Axis (model.name, options.unit, recipe.lr, dataset.train_limit, ...) -> "
+        "values; the cells are their product.",
+        examples=[{"model.name": ["plain20", "resnet20"], "recipe.lr": [0.1, 0.05]}],
+    )
+    seeds: int | list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(
+        1, description="A number of seeds (0..N-1) or the seeds themselves."
+    )
+    name: str | None = Field(None, max_length=200)
+    tags: list[str] = Field(default_factory=list, max_length=20)
+    max_parallel: int = Field(2, ge=1, le=1000, description="Jobs of the study run at once.")
+
+    @field_validator("seeds")
+    @classmethod
+    def _some_seeds(cls, seeds: int | list[int]) -> int | list[int]:
+        if isinstance(seeds, int) and not 1 <= seeds <= 1000:
+            raise ValueError("seeds must be from 1 to 1000, or a list of seeds")
+        if isinstance(seeds, list) and (not seeds or len(set(seeds)) != len(seeds)):
+            raise ValueError("a list of seeds must be non-empty and without repeats")
+        return seeds
+
+    @model_validator(mode="after")
+    def _preset_or_base(self) -> StudyIn:
+        if (self.preset is None) == (self.base is None):
+            raise ValueError("give either a preset (with a dataset) or a base spec with a grid")
+        if self.preset is not None and (self.dataset is None or self.grid):
+            raise ValueError("a preset takes a dataset and makes its own grid")
+        if self.base is not None and self.dataset is not None:
+            raise ValueError("without a preset, the dataset goes into base")
+        return self
+
+    def seed_list(self) -> list[int]:
+        """The seeds as a list."""
+        return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+
+class StudyCounts(BaseModel):
+    """How many of a study's jobs are in each status, and how many have ended."""
+
+    queued: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    done: int
+    total: int
+
+
+class ErrorStats(BaseModel):
+    """One error over a cell's finished seeds (fractions)."""
+
+    median: float | None
+    mean: float | None
+    std: float | None = Field(description="Sample standard deviation; null under 2 seeds.")
+    min: float | None
+    max: float | None
+
+
+class CellResult(BaseModel):
+    """A cell of the grid: its values, its seeds, its errors, and the papers' number."""
+
+    cell: int
+    values: dict[str, Any]
+    jobs: int
+    seeds_done: list[int]
+    failed: int
+    cancelled: int
+    final_train_error: ErrorStats
+    final_test_error: ErrorStats
+    best_test_error: ErrorStats
+    params: int | None
+    macs: int | None
+    paper: float | None = Field(description="The papers' number for the cell (a fraction).")
+    difference: float | None = Field(description="Our median of `metric` minus the papers'.")
+
+
+class StudyItem(BaseModel):
+    """A study as the studies list shows it."""
+
+    id: uuid.UUID
+    name: str | None
+    tags: list[str]
+    preset: str | None
+    scale: str | None
+    state: str
+    counts: StudyCounts
+    max_parallel: int
+    created_at: datetime
+
+
+class StudyOut(StudyItem):
+    """A study with its spec, the papers' source, and its results per cell."""
+
+    spec: dict[str, Any]
+    metric: str = Field(description="The aggregate the papers' numbers compare with.")
+    source: str | None
+    note: str | None
+    cells: list[CellResult]
+    jobs: list[JobItem]
+
+
+class StudyPresetOut(BaseModel):
+    """A preset: one of the papers' experiments, at a quick and at the papers' scale."""
+
+    name: str
+    title: str
+    source: str
+    description: str
+    metric: str
+    note: str
+    quick_datasets: list[str]
+    recipe: dict[str, str] = Field(description="Each scale's recipe in words.")
+
+
+class CellCurve(BaseModel):
+    """A cell's curve over seeds: the centre and a band at each step."""
+
+    cell: int
+    values: dict[str, Any]
+    steps: list[int]
+    center: list[float | None]
+    lower: list[float | None]
+    upper: list[float | None]
+    seeds: list[int]
+
+
+class StudyCurvesOut(BaseModel):
+    """A metric's curves of every cell of a study."""
+
+    metric: str
+    center: Literal["median", "mean"]
+    band: Literal["minmax", "std"]
+    cells: list[CellCurve]

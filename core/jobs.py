@@ -70,8 +70,12 @@ def create(
     max_attempts: int,
     owner_key_id: uuid.UUID | None = None,
     idempotency_key: str | None = None,
+    study: tuple[uuid.UUID, int, bool] | None = None,
 ) -> Job:
-    """Add a queued job for `spec` (flushed, not committed)."""
+    """Add a queued job for `spec` (flushed, not committed).
+
+    `study` makes it a study's job: the study, the job's cell, and whether it is held.
+    """
     facts = kinds.get(spec.kind).record(session, spec)
     job = Job(
         kind=spec.kind,
@@ -87,6 +91,8 @@ def create(
         owner_key_id=owner_key_id,
         idempotency_key=idempotency_key,
     )
+    if study is not None:
+        job.study_id, job.cell, job.held = study
     session.add(job)
     session.flush()
     add_event(session=session, job_id=job.id, level="info", message="queued")
@@ -99,7 +105,7 @@ def claim(
     """Take the job if it is queued or its lease expired; None if someone else holds it."""
     now = utcnow()
     claimable = or_(
-        Job.status == "queued",
+        and_(Job.status == "queued", Job.held.is_(False)),
         and_(Job.status == "running", Job.lease_expires_at < now),
     )
     row = session.execute(
@@ -309,7 +315,9 @@ def take_stale_queued(*, session: Session, older_than_s: float, limit: int) -> l
     if limit <= 0:
         return []
     stale = and_(
-        Job.status == "queued", Job.updated_at < utcnow() - timedelta(seconds=older_than_s)
+        Job.status == "queued",
+        Job.held.is_(False),
+        Job.updated_at < utcnow() - timedelta(seconds=older_than_s),
     )
     oldest = select(Job.id).where(stale).order_by(Job.created_at).limit(limit)
     return list(
@@ -323,8 +331,9 @@ def take_stale_queued(*, session: Session, older_than_s: float, limit: int) -> l
 
 
 def count_queued(*, session: Session) -> int:
-    """How many jobs wait in the queued state."""
-    return session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued")) or 0
+    """How many jobs wait in the queued state with a message on the broker (not held)."""
+    waiting = and_(Job.status == "queued", Job.held.is_(False))
+    return session.scalar(select(func.count()).select_from(Job).where(waiting)) or 0
 
 
 def cancel_abandoned(*, session: Session) -> list[uuid.UUID]:

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     max_job_seconds: int = Field(
         7 * 24 * 3600, ge=60, description="Longest allowed job; time limits derive from it."
     )
+    max_study_jobs: int = Field(
+        1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
+    )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
     device: str | None = Field(None, description="Worker device (cuda:0, cpu); default: auto.")
     migrate_on_start: bool = Field(

@@ -19,6 +19,7 @@ from core import jobs, queue
 from core.db.session import session_scope
 from core.queue import enqueue
 from core.settings import Settings
+from core.studies import service as studies
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ def interval(settings: Settings) -> float:
 
 
 def reap_once(settings: Settings) -> list[uuid.UUID]:
-    """One pass: end abandoned cancels, re-enqueue expired and lost jobs; returns their ids."""
+    """One pass: end abandoned cancels, re-enqueue expired and lost jobs, start the held jobs
+    of studies with room (say, after a job failed for good); returns their ids."""
     # No pooled connection may outlive a pass: prefork children fork from this process.
     with session_scope(settings.database_url, pooled=False) as session:
         jobs.cancel_abandoned(session=session)
@@ -45,9 +47,14 @@ def reap_once(settings: Settings) -> list[uuid.UUID]:
             _note(session, job_id, "lease expired (worker died or hung): re-enqueued")
         for job_id in lost:
             _note(session, job_id, "no worker took it in time (message lost?): re-enqueued")
-    for job_id in [*expired, *lost]:
+        released = [
+            job_id
+            for study_id in studies.studies_with_held_jobs(session=session)
+            for job_id in studies.release(session=session, study_id=study_id)
+        ]
+    for job_id in [*expired, *lost, *released]:
         enqueue(job_id, settings=settings)
-    return [*expired, *lost]
+    return [*expired, *lost, *released]
 
 
 def _note(session: Session, job_id: uuid.UUID, message: str) -> None:

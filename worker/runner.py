@@ -16,7 +16,9 @@ import torch
 from core import jobs, kinds
 from core.db.session import session_scope
 from core.db.tables import Job
+from core.queue import enqueue
 from core.settings import Settings
+from core.studies import service as studies
 from worker import outcomes, resume
 from worker.limits import time_limits
 from worker.outcomes import Outcome
@@ -62,6 +64,7 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
     finally:
         watchdog.stop()
     outcomes.record(settings, claim, outcome, watchdog.progress)
+    _release_study(settings, job_id)
 
 
 def run_claimed(
@@ -81,6 +84,17 @@ def run_claimed(
     context = kinds.RunContext(claim.job_id, settings, device, sink, set_budget)
     summary = kind.run(kind.spec.model_validate(spec_json), context)
     return outcomes.of_run(summary, watchdog)
+
+
+def _release_study(settings: Settings, job_id: uuid.UUID) -> None:
+    """Start the next held jobs of the job's study, if it has one (the reaper retries)."""
+    try:
+        with session_scope(settings.database_url) as session:
+            released = studies.release_after(session=session, job_id=job_id)
+        for next_id in released:
+            enqueue(next_id, settings=settings)
+    except Exception as error:
+        log.warning("job %s: could not release its study's next jobs: %s", job_id, error)
 
 
 def _flush_quietly(sink: DatabaseSink) -> None:

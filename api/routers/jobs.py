@@ -35,6 +35,7 @@ from core.errors import ConflictError
 from core.kinds import KINDS, JobSpec
 from core.queue import enqueue
 from core.settings import Settings
+from core.studies import service as studies
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -120,6 +121,7 @@ def list_jobs(params: Annotated[JobQuery, Query()], session: SessionDep, _: Read
         dataset=params.dataset,
         tag=params.tag,
         q=params.q,
+        study=params.study,
     )
     rows, next_cursor = queries.list_jobs(
         session=session,
@@ -146,9 +148,16 @@ def read_job(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> JobOut:
 @router.post(
     "/{job_id}/cancel", summary="Cancel a job", responses=responses(401, 403, 404, 409, 422)
 )
-def cancel_job(job_id: uuid.UUID, session: SessionDep, _: TrainKey) -> JobOut:
+def cancel_job(
+    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey
+) -> JobOut:
     """A queued job is cancelled now; a running one when its worker next checks (seconds)."""
-    return JobOut.of(jobs.request_cancel(session=session, job_id=job_id))
+    job = jobs.request_cancel(session=session, job_id=job_id)
+    released = studies.release_after(session=session, job_id=job_id)
+    session.commit()
+    for next_id in released:  # a cancelled job of a study makes room for the next
+        _enqueue(next_id, settings)
+    return JobOut.of(job)
 
 
 @router.delete(

@@ -91,6 +91,11 @@ class Job(Base):
     owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("api_key.id", ondelete="SET NULL")
     )
+    # A study's job: its study, its cell of the grid, and whether it waits for its turn
+    # (a held job is queued but not on the broker: the study's max_parallel is reached).
+    study_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("study.id", ondelete="CASCADE"))
+    cell: Mapped[int | None] = mapped_column(Integer)
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -101,7 +106,31 @@ class Job(Base):
         Index("ix_job_created_at_id", "created_at", "id"),
         Index("ix_job_model_name", "model_name"),
         Index("ix_job_dataset_name", "dataset_name"),
+        Index("ix_job_study_id_cell", "study_id", "cell"),
     )
+
+
+class Study(Base):
+    """A grid of train jobs (cells x seeds) run and read as one experiment."""
+
+    __tablename__ = "study"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str | None] = mapped_column(String(200))
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # The request as expanded: base spec, grid, seeds, and the preset it came from.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    preset: Mapped[str | None] = mapped_column(String(64))
+    # Each cell's axis values and the papers' number for it, in grid order.
+    cells: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    metric: Mapped[str] = mapped_column(String(32))  # the aggregate the papers' numbers meet
+    max_parallel: Mapped[int] = mapped_column(Integer)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Metric(Base):

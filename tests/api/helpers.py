@@ -3,11 +3,16 @@ job with real checkpoints, a clock that moves when told."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
+
+import redis
 
 from core import artifacts, jobs, keys
 from core.db.session import session_scope
 from core.kinds import TrainJobSpec
+from core.queue import QUEUE, RUN_JOB
 from core.settings import Settings
 from training import checkpoints
 from training.datasets import load_dataset
@@ -97,3 +102,14 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         """Let `seconds` pass."""
         self.now += seconds
+
+
+def queued_ids(queue: redis.Redis) -> list[str]:
+    """The job ids of the messages on the train queue (kombu's JSON envelope)."""
+    ids = []
+    for raw in queue.lrange(QUEUE, 0, -1):
+        message = json.loads(raw)
+        assert message["headers"]["task"] == RUN_JOB
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        ids.append(args[0])
+    return ids

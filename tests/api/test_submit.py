@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from typing import Any
 
@@ -17,22 +15,11 @@ from api.deps import KeyCache
 from core import keys
 from core.db.session import session_scope
 from core.db.tables import ApiKey, Job
-from core.queue import QUEUE, RUN_JOB
+from core.queue import QUEUE
 from core.settings import Settings
-from tests.api.helpers import TRAIN, FakeClock, claim, finish, make_key, new_job
+from tests.api.helpers import TRAIN, FakeClock, claim, finish, make_key, new_job, queued_ids
 
 JOBS = "/api/v1/jobs"
-
-
-def _queued_ids(queue: redis.Redis) -> list[str]:
-    """The job ids of the messages on the train queue (kombu's JSON envelope)."""
-    ids = []
-    for raw in queue.lrange(QUEUE, 0, -1):
-        message = json.loads(raw)
-        assert message["headers"]["task"] == RUN_JOB
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        ids.append(args[0])
-    return ids
 
 
 def _job_count(url: str) -> int:
@@ -50,7 +37,7 @@ def test_a_valid_train_job_is_committed_then_enqueued_once(
     assert job["status"] == "queued"
     assert job["spec"]["recipe"]["epochs"] == 5
     assert job["links"]["cancel"] == f"{JOBS}/{job['id']}/cancel"
-    assert _queued_ids(queue) == [job["id"]]
+    assert queued_ids(queue) == [job["id"]]
     with session_scope(settings.database_url) as session:
         row = session.get(Job, uuid.UUID(job["id"]))
         assert row is not None
@@ -117,7 +104,7 @@ def test_evaluate_of_a_queued_job_is_422_and_of_a_succeeded_one_202(
     response = client.post(JOBS, json=_evaluate(source))
     assert response.status_code == 202, response.text
     assert response.json()["source_job"] == str(source)
-    assert _queued_ids(queue) == [response.json()["id"]]
+    assert queued_ids(queue) == [response.json()["id"]]
 
 
 def test_the_same_idempotency_key_gives_the_same_job_once(
@@ -128,7 +115,7 @@ def test_the_same_idempotency_key_gives_the_same_job_once(
     again = client.post(JOBS, json=TRAIN, headers=headers)
     assert (first.status_code, again.status_code) == (202, 200)
     assert first.json()["id"] == again.json()["id"]
-    assert _queued_ids(queue) == [first.json()["id"]]
+    assert queued_ids(queue) == [first.json()["id"]]
     other = client.post(JOBS, json={**TRAIN, "name": "else"}, headers=headers)
     assert other.status_code == 409
     assert "different spec" in other.json()["error"]["message"]

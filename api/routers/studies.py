@@ -1,0 +1,281 @@
+"""Studies: submit a grid of train jobs (or a preset of the papers), follow it, read its
+results per cell beside the papers' numbers, as JSON, CSV, Markdown and curves."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Header, Query, Response, status
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.errors import responses
+from api.schemas import (
+    CellCurve,
+    CellResult,
+    JobItem,
+    StudyCounts,
+    StudyCurvesOut,
+    StudyIn,
+    StudyItem,
+    StudyOut,
+    StudyPresetOut,
+)
+from core import artifacts
+from core.db.tables import Job, Study
+from core.errors import ConflictError
+from core.queue import enqueue
+from core.settings import Settings
+from core.studies import presets, results, service
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+
+@router.get("/presets", summary="The papers' experiments as presets")
+def list_presets(_: ReadKey) -> list[StudyPresetOut]:
+    """Each preset with its source, what it shows, and its recipe at each scale."""
+    return [
+        StudyPresetOut(
+            name=preset.name,
+            title=preset.title,
+            source=preset.source,
+            description=preset.description,
+            metric=preset.metric,
+            note=preset.note,
+            quick_datasets=list(preset.quick_datasets),
+            recipe={scale: preset.recipe_note(scale) for scale in ("quick", "paper")},
+        )
+        for preset in presets.PRESETS.values()
+    ]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Submit a study: a preset, or a base spec with a grid",
+    responses={
+        200: {"model": StudyOut, "description": "An earlier study with the same Idempotency-Key"},
+        **responses(401, 403, 409, 413, 422),
+    },
+)
+def submit(
+    body: Annotated[StudyIn, Body()],
+    session: SessionDep,
+    settings: SettingsDep,
+    key: TrainKey,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> StudyOut:
+    """Check every cell, write the study and its jobs, and start `max_parallel` of them."""
+    if idempotency_key is not None:
+        earlier = _by_idempotency_key(session, idempotency_key)
+        if earlier is not None:
+            return _replay(session, earlier, body, response)
+    request = _request(body)
+    try:
+        study = service.create(
+            session=session,
+            request=request,
+            max_jobs=settings.max_study_jobs,
+            max_attempts=settings.max_attempts,
+            owner_key_id=key.key_id if key else None,
+            idempotency_key=idempotency_key,
+        )
+        study.spec = {**study.spec, "request": body.model_dump(mode="json")}
+        released = service.release(session=session, study_id=study.id)
+        session.commit()
+    except IntegrityError:  # the same key, submitted concurrently, won the race
+        session.rollback()
+        assert idempotency_key is not None
+        earlier = _by_idempotency_key(session, idempotency_key)
+        assert earlier is not None
+        return _replay(session, earlier, body, response)
+    _enqueue(released, settings)
+    return _study_out(session, study)
+
+
+def _request(body: StudyIn) -> service.Request:
+    if body.preset is not None:
+        assert body.dataset is not None  # StudyIn checks it
+        return service.from_preset(
+            body.preset,
+            dataset=body.dataset,
+            scale=body.scale,
+            seeds=body.seed_list(),
+            max_parallel=body.max_parallel,
+            title=body.name,
+            tags=tuple(body.tags),
+        )
+    assert body.base is not None
+    return service.Request(
+        base=body.base,
+        grid=body.grid,
+        seeds=body.seed_list(),
+        name=body.name,
+        tags=tuple(body.tags),
+        max_parallel=body.max_parallel,
+    )
+
+
+def _by_idempotency_key(session: Session, key: str) -> Study | None:
+    return session.scalars(select(Study).where(Study.idempotency_key == key)).one_or_none()
+
+
+def _replay(session: Session, earlier: Study, body: StudyIn, response: Response) -> StudyOut:
+    """The earlier study of an Idempotency-Key (200), if the request is the same."""
+    if earlier.spec.get("request") != body.model_dump(mode="json"):
+        raise ConflictError(
+            f"Idempotency-Key {earlier.idempotency_key!r} was used for study {earlier.id} "
+            "with a different request; use a new key"
+        )
+    response.status_code = status.HTTP_200_OK
+    return _study_out(session, earlier)
+
+
+def _enqueue(job_ids: list[uuid.UUID], settings: Settings) -> None:
+    """Enqueue after the commit; a failure leaves the jobs queued for the re-enqueue."""
+    for job_id in job_ids:
+        try:
+            enqueue(job_id, settings=settings)
+        except Exception:  # any broker failure: the committed job is not lost
+            log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
+
+
+@router.get("", summary="List studies, newest first", responses=responses(401, 403, 422))
+def list_studies(
+    session: SessionDep,
+    _: ReadKey,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> list[StudyItem]:
+    """The newest studies with their state and job counts."""
+    rows = session.scalars(select(Study).order_by(Study.created_at.desc()).limit(limit))
+    return [_study_item(session, study) for study in rows]
+
+
+@router.get("/{study_id}", summary="A study and its results", responses=responses(401, 403, 404))
+def read_study(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> StudyOut:
+    """State, counts, each cell's statistics over seeds beside the papers' number, the jobs."""
+    return _study_out(session, service.get(session=session, study_id=study_id))
+
+
+@router.get(
+    "/{study_id}/results.csv",
+    summary="A study's results as CSV",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 404)},
+)
+def results_csv(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
+    """One row per cell: axis values, seeds, each error's statistics, the papers' number."""
+    study = service.get(session=session, study_id=study_id)
+    body = results.as_csv(study, results.cells(session=session, study=study))
+    return Response(body, media_type="text/csv", headers=_attachment(study, "csv"))
+
+
+@router.get(
+    "/{study_id}/results.md",
+    summary="A study's results as a Markdown table",
+    response_class=Response,
+    responses={200: {"content": {"text/markdown": {}}}, **responses(401, 403, 404)},
+)
+def results_markdown(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
+    """The table the way the papers print it: errors in %, ours beside theirs."""
+    study = service.get(session=session, study_id=study_id)
+    body = results.as_markdown(study, results.cells(session=session, study=study))
+    return Response(body, media_type="text/markdown")
+
+
+def _attachment(study: Study, suffix: str) -> dict[str, str]:
+    return {"Content-Disposition": f'attachment; filename="study-{study.id}.{suffix}"'}
+
+
+@router.get(
+    "/{study_id}/curves",
+    summary="A metric per cell over seeds: centre and band",
+    responses=responses(401, 403, 404, 422),
+)
+def read_curves(
+    study_id: uuid.UUID,
+    session: SessionDep,
+    _: ReadKey,
+    metric: Annotated[str, Query(max_length=100)] = "train/error",
+    center: Literal["median", "mean"] = "median",
+    band: Literal["minmax", "std"] = "minmax",
+    max_points: Annotated[int, Query(ge=2, le=20_000)] = 500,
+) -> StudyCurvesOut:
+    """At each logged step, the median (or mean) over the cell's seeds with a min-max (or
+    +-std) band; steps thinned evenly to `max_points`, each value exact."""
+    study = service.get(session=session, study_id=study_id)
+    found = results.curves(
+        session=session, study=study, metric=metric, center=center, band=band, limit=max_points
+    )
+    return StudyCurvesOut(
+        metric=metric,
+        center=center,
+        band=band,
+        cells=[CellCurve.model_validate(cell) for cell in found],
+    )
+
+
+@router.post(
+    "/{study_id}/cancel", summary="Cancel a study", responses=responses(401, 403, 404, 409)
+)
+def cancel_study(study_id: uuid.UUID, session: SessionDep, _: TrainKey) -> StudyOut:
+    """Every unfinished job: held and queued ones now, running ones within seconds."""
+    study = service.cancel(session=session, study_id=study_id)
+    session.commit()
+    return _study_out(session, study)
+
+
+@router.delete(
+    "/{study_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete a study, its jobs and their artifacts",
+    responses=responses(401, 403, 404, 409),
+)
+def delete_study(
+    study_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey
+) -> None:
+    """Remove a study none of whose jobs runs (cancel it first), its jobs and their files."""
+    job_ids = service.delete(session=session, study_id=study_id)
+    session.commit()  # the rows go first: a failed commit leaves the files in place
+    for job_id in job_ids:
+        artifacts.delete_job(settings, job_id)
+
+
+def _study_item(session: Session, study: Study) -> StudyItem:
+    by_status = service.counts(session=session, study_id=study.id)
+    done = by_status["succeeded"] + by_status["failed"] + by_status["cancelled"]
+    return StudyItem(
+        id=study.id,
+        name=study.name,
+        tags=study.tags,
+        preset=study.preset,
+        scale=study.spec.get("scale"),
+        state=service.state(study, by_status),
+        counts=StudyCounts(**by_status, done=done, total=sum(by_status.values())),
+        max_parallel=study.max_parallel,
+        created_at=study.created_at,
+    )
+
+
+def _study_out(session: Session, study: Study) -> StudyOut:
+    preset = presets.PRESETS.get(study.preset) if study.preset else None
+    jobs = session.scalars(
+        select(Job).where(Job.study_id == study.id).order_by(Job.cell, Job.created_at)
+    )
+    return StudyOut(
+        **_study_item(session, study).model_dump(),
+        spec=study.spec,
+        metric=study.metric,
+        source=preset.source if preset else None,
+        note=preset.note if preset else None,
+        cells=[
+            CellResult.model_validate(cell) for cell in results.cells(session=session, study=study)
+        ],
+        jobs=[JobItem.of(job) for job in jobs],
+    )
