@@ -641,6 +641,17 @@ class StudyOut(StudyItem):
     jobs: list[JobItem]
 
 
+class StudyPreview(BaseModel):
+    """What a study request would make (`dry_run`): its base, grid, cells and job count."""
+
+    name: str | None
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    seeds: list[int]
+    cells: list[dict[str, Any]] = Field(description="Each cell's values and papers' number.")
+    jobs: int
+
+
 class StudyPresetOut(BaseModel):
     """A preset: one of the papers' experiments, at a quick and at the papers' scale."""
 

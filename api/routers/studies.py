@@ -24,13 +24,14 @@ from api.schemas import (
     StudyItem,
     StudyOut,
     StudyPresetOut,
+    StudyPreview,
 )
 from core import artifacts
 from core.db.tables import Job, Study
 from core.errors import ConflictError
 from core.queue import enqueue
 from core.settings import Settings
-from core.studies import presets, results, service
+from core.studies import grid, presets, results, service
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/studies", tags=["studies"])
@@ -70,8 +71,14 @@ def submit(
     key: TrainKey,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> StudyOut:
-    """Check every cell, write the study and its jobs, and start `max_parallel` of them."""
+    dry_run: Annotated[bool, Query(description="Check and count; write nothing.")] = False,
+) -> StudyOut | StudyPreview:
+    """Check every cell, write the study and its jobs, and start `max_parallel` of them.
+
+    With `dry_run`, only check: the answer (200) is the cells and the job count."""
+    if dry_run:
+        response.status_code = status.HTTP_200_OK
+        return _preview(_request(body), settings)
     if idempotency_key is not None:
         earlier = _by_idempotency_key(session, idempotency_key)
         if earlier is not None:
@@ -97,6 +104,30 @@ def submit(
         return _replay(session, earlier, body, response)
     _enqueue(released, settings)
     return _study_out(session, study)
+
+
+def _preview(request: service.Request, settings: Settings) -> StudyPreview:
+    """What a request would make: its cells (with the papers' numbers) and its jobs."""
+    expanded = grid.expand(
+        request.base,
+        request.grid,
+        request.seeds,
+        name=request.name,
+        tags=list(request.tags),
+        max_jobs=settings.max_study_jobs,
+    )
+    preset = presets.get(request.preset) if request.preset else None
+    return StudyPreview(
+        name=request.name,
+        base=request.base,
+        grid=request.grid,
+        seeds=request.seeds,
+        cells=[
+            {"values": cell, "paper": preset.paper_number(cell) if preset else None}
+            for cell in expanded.cells
+        ],
+        jobs=len(expanded.jobs),
+    )
 
 
 def _request(body: StudyIn) -> service.Request:

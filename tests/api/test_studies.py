@@ -128,6 +128,20 @@ def test_the_same_idempotency_key_gives_the_same_study_once(
     assert other.status_code == 409
 
 
+def test_a_dry_run_counts_the_jobs_and_writes_nothing(
+    client: TestClient, queue: redis.Redis, settings: Settings
+) -> None:
+    before = _count(settings.database_url, Study)
+    body = {"preset": "degradation", "dataset": {"name": "fashion_mnist"}, "seeds": 3}
+    preview = client.post(STUDIES, json=body, params={"dry_run": True})
+    assert preview.status_code == 200
+    answer = preview.json()
+    assert answer["jobs"] == len(answer["cells"]) * 3
+    assert {cell["values"]["model.name"] for cell in answer["cells"]} >= {"plain20", "resnet56"}
+    assert _count(settings.database_url, Study) == before
+    assert queued_ids(queue) == []
+
+
 def test_presets_are_listed_with_their_source_and_expand(client: TestClient) -> None:
     listed = {preset["name"]: preset for preset in client.get(f"{STUDIES}/presets").json()}
     assert {"degradation", "cifar_depth", "shortcut_options", "units", "preact"} <= set(listed)
