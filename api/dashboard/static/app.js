@@ -7,12 +7,17 @@ import * as models from "./models.js";
 import * as newJob from "./newjob.js";
 import * as predict from "./predict.js";
 import * as runs from "./runs.js";
+import * as studies from "./studies.js";
+import * as study from "./study.js";
 import { h, notice } from "./ui.js";
 
 const ROUTES = [
   [/^#\/runs\/([0-9a-f-]{36})$/, detail, "runs"],
   [/^#\/compare$/, compare, "compare"],
   [/^#\/new$/, newJob, "new"],
+  [/^#\/studies\/new$/, studies.newStudy, "studies"],
+  [/^#\/studies\/([0-9a-f-]{36})$/, study, "studies"],
+  [/^#\/studies$/, studies, "studies"],
   [/^#\/models$/, models, "models"],
   [/^#\/predict$/, predict, "predict"],
   [/^(#\/runs)?$/, runs, "runs"],

@@ -114,3 +114,123 @@ export function perBlock(series, kind) {
   }
   return { traces, step };
 }
+
+/** `color` (#rrggbb) at opacity `alpha`: the fill of a band. */
+function translucent(color, alpha) {
+  const [r, g, b] = [1, 3, 5].map((i) => Number.parseInt(color.slice(i, i + 2), 16));
+  return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+}
+
+const percentOrGap = (values) => values.map((v) => (v === null ? null : 100 * v));
+
+/**
+ * A study's curve of one cell over its seeds (`GET /studies/{id}/curves`): the median as a
+ * line with the band (min-max over seeds) filled translucently around it, in panel `panel`
+ * (1: x/y, 2: x2/y2). A curve of one point is a marker with the band as an error bar.
+ */
+export function bandTraces(curve, { name, color, line = {}, panel = 1, legend = true, meta = {} }) {
+  if (!curve.steps.length) return [];
+  const axes =
+    panel === 1 ? { xaxis: "x", yaxis: "y" } : { xaxis: `x${panel}`, yaxis: `y${panel}` };
+  const [x, center, lower, upper] = [
+    curve.steps,
+    percentOrGap(curve.center),
+    percentOrGap(curve.lower),
+    percentOrGap(curve.upper),
+  ];
+  const median = {
+    x,
+    y: center,
+    name,
+    legendgroup: meta.group ?? name,
+    showlegend: legend,
+    mode: "lines",
+    line: { color, ...line },
+    hovertemplate: `${name}: %{y:.2f}% at %{x}<extra></extra>`,
+    meta: { ...meta, part: "median" },
+    ...axes,
+  };
+  if (x.length === 1) {
+    const error_y = {
+      type: "data",
+      symmetric: false,
+      array: [upper[0] - center[0]],
+      arrayminus: [center[0] - lower[0]],
+      color,
+    };
+    return [{ ...median, mode: "markers", marker: { color, size: 8 }, error_y }];
+  }
+  const edge = (y, part, fill) => ({
+    x,
+    y,
+    legendgroup: median.legendgroup,
+    showlegend: false,
+    mode: "lines",
+    line: { color, width: 0 },
+    fill,
+    fillcolor: translucent(color, 0.15),
+    hoverinfo: "skip",
+    meta: { ...meta, part },
+    ...axes,
+  });
+  // "tonexty" fills down to the trace just before: the lower edge, drawn first.
+  return [edge(lower, "lower", "none"), edge(upper, "upper", "tonexty"), median];
+}
+
+/**
+ * Error panels side by side (one per title, 2015 Fig. 6 has two), sharing the error axis:
+ * iterations across, error (%) up.
+ */
+export function panelsLayout(titles, { title = "", height = 460 } = {}) {
+  const gap = 0.06;
+  const width = (1 - gap * (titles.length - 1)) / titles.length;
+  const layout = {
+    title: { text: title },
+    height,
+    margin: { l: 60, r: 20, t: titles.length > 1 ? 64 : 40, b: 46 },
+    annotations: [],
+  };
+  titles.forEach((text, i) => {
+    const suffix = i === 0 ? "" : String(i + 1);
+    const left = i * (width + gap);
+    layout[`xaxis${suffix}`] = {
+      domain: [left, left + width],
+      anchor: `y${suffix}`,
+      title: { text: "iterations" },
+      gridcolor: "#eceff3",
+      zeroline: false,
+    };
+    layout[`yaxis${suffix}`] = {
+      anchor: `x${suffix}`,
+      rangemode: "tozero",
+      gridcolor: "#eceff3",
+      zeroline: false,
+      ...(i === 0 ? { title: { text: "error (%)" } } : { matches: "y" }),
+    };
+    if (titles.length > 1) {
+      layout.annotations.push({
+        text: `<b>${text}</b>`,
+        xref: "paper",
+        yref: "paper",
+        x: left + width / 2,
+        y: 1,
+        yanchor: "bottom",
+        showarrow: false,
+      });
+    }
+  });
+  return layout;
+}
+
+/** One empty trace per panel: plotly draws a panel's axes only once a trace is on them. */
+export function panelAnchors(count) {
+  return Array.from({ length: count }, (_, i) => ({
+    x: [],
+    y: [],
+    xaxis: i === 0 ? "x" : `x${i + 1}`,
+    yaxis: i === 0 ? "y" : `y${i + 1}`,
+    showlegend: false,
+    hoverinfo: "skip",
+    meta: { part: "panel", panel: i + 1 },
+  }));
+}
