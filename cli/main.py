@@ -2,6 +2,7 @@
 
 - cli.local: `models`, `train`, `evaluate` (no service needed)
 - cli.client: `submit`, `jobs`, `watch`, `predict` (a running service, over HTTP)
+- cli.study: `study presets|run|show` (the papers' experiments over seeds; a service, or --local)
 - cli.keys: `keys create|list|revoke` (the service's database)
 - cli.server: `migrate`, `worker`, `api`, `up` (running the service)
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import client, keys, local, server
+from cli import client, keys, local, server, study
 
 app = typer.Typer(help="Train, evaluate, compare and serve the ResNets of He et al.")
 
@@ -35,6 +36,12 @@ keys_app.command("revoke")(keys.revoke_key)
 app.add_typer(keys_app, name="keys")
 
 app.command("predict")(client.predict)
+
+study_app = typer.Typer(help="Studies: the papers' experiments, or any grid, over seeds.")
+study_app.command("presets")(study.list_presets)
+study_app.command("run")(study.run)
+study_app.command("show")(study.show)
+app.add_typer(study_app, name="study")
 
 app.command("migrate")(server.migrate)
 app.command("worker")(server.worker)

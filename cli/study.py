@@ -1,0 +1,488 @@
+"""`study presets|run|show`: the papers' experiments, or any grid of train runs over seeds,
+with each cell's errors beside the papers' numbers.
+
+`study run` submits to a running service (--url / --key as the other client commands), or
+with --local runs the whole study in this process: a SQLite database in --out, every job
+one after another, then results.md, results.csv and figure.png in the same folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from cli import figures
+from cli.client import RECONNECTS, Key, Url, _checked, _client
+from cli.formatting import pairs, percent
+from cli.train_options import DatasetFields
+from core.db import schema
+from core.db.session import get_engine, session_scope
+from core.db.tables import Job, Study
+from core.errors import DomainError
+from core.settings import Settings, get_settings
+from core.studies import presets, results, service
+from worker.runner import execute
+
+ENDED = ("succeeded", "failed", "cancelled")  # a study's states once every job ended
+TWO_PANELS = "degradation"  # the preset drawn as 2015 Fig. 6: plain nets left, residual right
+Scale = Literal["quick", "paper"]
+PresetName = Annotated[
+    str | None,
+    typer.Argument(help="A preset (see `study presets`); without one, give --base and --grid."),
+]
+Interval = Annotated[
+    float, typer.Option("--interval", min=0.1, help="Seconds between polls with --watch.")
+]
+
+
+def list_presets(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+) -> None:
+    """The papers' experiments that `study run PRESET` repeats."""
+    rows = [_preset(preset) for preset in presets.PRESETS.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="study presets")
+    for column in ("name", "source", "title", "metric"):
+        table.add_column(column, no_wrap=column == "name")
+    for row in rows:
+        table.add_row(row["name"], row["source"], row["title"], row["metric"])
+    _console().print(table)
+
+
+def _preset(preset: presets.Preset) -> dict[str, Any]:
+    """A preset as `GET /studies/presets` gives it."""
+    return {
+        "name": preset.name,
+        "title": preset.title,
+        "source": preset.source,
+        "description": preset.description,
+        "metric": preset.metric,
+        "note": preset.note,
+        "quick_datasets": list(preset.quick_datasets),
+        "recipe": {scale: preset.recipe_note(scale) for scale in ("quick", "paper")},
+    }
+
+
+def run(
+    preset: PresetName = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="With a preset: the dataset, e.g. fashion_mnist.")
+    ] = None,
+    dataset_option: DatasetFields = None,
+    scale: Annotated[Scale, typer.Option(help="With a preset: quick (CPU) or paper.")] = "quick",
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Seeds 0..N-1 of each cell.")] = 1,
+    base: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="Without a preset: a train spec (JSON)."),
+    ] = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(help="With --base: AXIS=V1,V2 (repeatable), e.g. model.name=plain8,resnet8."),
+    ] = None,
+    max_parallel: Annotated[int, typer.Option(min=1, max=1000, help="Jobs run at once.")] = 2,
+    name: Annotated[str | None, typer.Option(help="A name for the study.")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
+    follow: Annotated[bool, typer.Option("--watch", help="Then follow it to its end.")] = False,
+    interval: Interval = 5.0,
+    local: Annotated[bool, typer.Option("--local", help="Run it here, with no service.")] = False,
+    out: Annotated[Path | None, typer.Option(help="With --local: the study's folder.")] = None,
+    device: Annotated[str | None, typer.Option(help="With --local: cpu, cuda, cuda:1.")] = None,
+    data_root: Annotated[Path | None, typer.Option(help="With --local; default DATA_DIR.")] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Run a study: a preset on a dataset, or --base with --grid, over seeds.
+
+    On the service it prints the study's id and job count; --local --out FOLDER runs it here.
+    """
+    body = _body(
+        preset=preset,
+        dataset=dataset,
+        dataset_fields=dataset_option,
+        scale=scale,
+        base_file=base,
+        grid=grid,
+        common={"seeds": seeds, "name": name, "tags": tag or [], "max_parallel": max_parallel},
+    )
+    if local:
+        if out is None:
+            raise typer.BadParameter("--local needs a folder for the study", param_hint="--out")
+        if follow:
+            raise typer.BadParameter("--local shows its progress as it runs", param_hint="--watch")
+        _run_local(body, out=out, device=device, data_root=data_root)
+        return
+    if out or device or data_root:
+        raise typer.BadParameter("only with --local", param_hint="--out, --device, --data-root")
+    with _client(url, key) as client:
+        study = _checked(client.post("/studies", json=body))
+        typer.echo(study["id"])
+        typer.echo(f"{study['counts']['total']} jobs: {len(study['cells'])} cells x {seeds} seeds")
+        if follow:
+            _show(_watch(client, study["id"], interval), exit_unless_succeeded=True)
+
+
+def show(
+    study_id: Annotated[str, typer.Argument(help="The study's id.")],
+    markdown: Annotated[bool, typer.Option(help="Print the results as Markdown.")] = False,
+    follow: Annotated[bool, typer.Option("--watch", help="First wait until it ends.")] = False,
+    interval: Interval = 5.0,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """A study's results: per cell, errors over seeds beside the papers' number."""
+    with _client(url, key) as client:
+        study = _watch(client, study_id, interval) if follow else None
+        if markdown:
+            response = client.get(f"/studies/{study_id}/results.md")
+            if not response.is_success:
+                _checked(response)
+            typer.echo(response.text, nl=False)
+        else:
+            _show(study or _checked(client.get(f"/studies/{study_id}")))
+    if study is not None and study["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _body(
+    *,
+    preset: str | None,
+    dataset: str | None,
+    dataset_fields: list[str] | None,
+    scale: Scale,
+    base_file: Path | None,
+    grid: list[str] | None,
+    common: dict[str, Any],
+) -> dict[str, Any]:
+    """The study as `POST /studies` takes it: a preset on a dataset, or a base with a grid."""
+    if (preset is None) == (base_file is None):
+        raise typer.BadParameter(
+            "give a PRESET, or --base FILE.json with --grid", param_hint="PRESET"
+        )
+    fields = pairs(dataset_fields, "--dataset-option")
+    if preset is not None:
+        if grid:
+            raise typer.BadParameter("a preset makes its own grid", param_hint="--grid")
+        if dataset is None:
+            raise typer.BadParameter(
+                "a preset runs on a dataset, e.g. fashion_mnist", param_hint="--dataset"
+            )
+        return {"preset": preset, "dataset": {"name": dataset, **fields}, "scale": scale, **common}
+    assert base_file is not None
+    spec = _base(base_file)
+    if dataset is not None:
+        spec["dataset"] = {"name": dataset}
+    if fields:
+        spec["dataset"] = {**spec.get("dataset", {}), **fields}
+    return {"base": spec, "grid": _grid(grid or []), **common}
+
+
+def _base(path: Path) -> dict[str, Any]:
+    """The --base file: a train spec's model, dataset and recipe, as a JSON object."""
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise typer.BadParameter(f"{path}: {error}", param_hint="--base") from error
+    if not isinstance(spec, dict) or not isinstance(spec.get("dataset", {}), dict):
+        raise typer.BadParameter(f"{path}: expected a train spec object", param_hint="--base")
+    return spec
+
+
+def _grid(items: list[str]) -> dict[str, list[Any]]:
+    """`AXIS=V1,V2` items to a grid; each value is read as JSON when it parses, else as text,
+    and a value that is a whole JSON list (`recipe.milestones=[[0.5,0.75],[0.3,0.6]]`) is
+    taken as the list of values."""
+    if not items:
+        raise typer.BadParameter("--base needs at least one AXIS=V1,V2", param_hint="--grid")
+    found: dict[str, list[Any]] = {}
+    for item in items:
+        axis, sep, raw = item.partition("=")
+        if not sep or not axis or not raw:
+            raise typer.BadParameter(f"expected AXIS=V1,V2, got {item!r}", param_hint="--grid")
+        if axis in found:
+            raise typer.BadParameter(f"axis {axis!r} is given twice", param_hint="--grid")
+        whole = _json_or_text(raw)
+        found[axis] = (
+            whole if isinstance(whole, list) else [_json_or_text(v) for v in raw.split(",")]
+        )
+    return found
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _watch(client: httpx.Client, study_id: str, interval: float) -> dict[str, Any]:
+    """Poll the study until every job ended, with a bar of jobs done; its last state."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    try:
+        with Progress(*columns, TimeElapsedColumn()) as progress:
+            task = progress.add_task(f"study {study_id[:8]}", total=None)
+            while True:
+                study = _fetch(client, study_id, progress, interval)
+                counts = study["counts"]
+                line = f"{study_id[:8]} {study['state']}: {counts['running']} running"
+                line += f", {counts['failed']} failed" if counts["failed"] else ""
+                progress.update(task, description=line, completed=counts["done"])
+                progress.update(task, total=counts["total"])
+                if study["state"] in ENDED:
+                    return study
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        typer.echo(f"study {study_id} goes on; `study show {study_id}` to see it", err=True)
+        raise typer.Exit(130) from None
+
+
+def _fetch(
+    client: httpx.Client, study_id: str, progress: Progress, interval: float
+) -> dict[str, Any]:
+    """The study as the service has it; an unreachable service is tried again a few times."""
+    failures = 0
+    while True:
+        try:
+            return dict(_checked(client.get(f"/studies/{study_id}")))
+        except httpx.TransportError as error:
+            failures += 1
+            if failures > RECONNECTS:
+                typer.echo(f"error: the service is unreachable: {error}", err=True)
+                raise typer.Exit(1) from error
+            progress.console.print(f"[yellow]service unreachable ({error}); retrying[/]")
+            time.sleep(interval)
+
+
+def _show(study: dict[str, Any], *, exit_unless_succeeded: bool = False) -> None:
+    """Print a study's results table, its source and note."""
+    counts = study["counts"]
+    title = f"{study['name'] or 'study'} {study['id'][:8]}: {study['state']}, "
+    title += f"{counts['done']}/{counts['total']} jobs ended"
+    table = _results_table(title, list(study["spec"]["grid"]), study["cells"], study["metric"])
+    _print_results(table, study["source"], study["note"])
+    if exit_unless_succeeded and study["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _results_table(title: str, axes: list[str], cells: list[dict[str, Any]], metric: str) -> Table:
+    """Per cell: its axis values, seeds done, errors in % as median (min-max) over seeds,
+    and where the papers give one, their number (of `metric`) and our median's difference."""
+    papers = any(cell["paper"] is not None for cell in cells)
+    caption = "errors in %, median (min-max) over seeds"
+    table = Table(title=title, caption=caption + (f"; paper: {metric}" if papers else ""))
+    for column in (*axes, "seeds", "final train", "final test", "best test"):
+        table.add_column(column, justify="left" if column in axes else "right")
+    if papers:
+        table.add_column("paper", justify="right")
+        table.add_column("ours-paper", justify="right")
+    for cell in cells:
+        lost = cell["failed"] + cell["cancelled"]
+        seeds = f"{len(cell['seeds_done'])}/{cell['jobs']}" + (f" ({lost} lost)" if lost else "")
+        row = [
+            *(figures.cell_label({axis: cell["values"][axis]}) for axis in axes),
+            seeds,
+            *(_spread(cell[error]) for error in results.ERRORS),
+        ]
+        if papers:
+            difference = cell["difference"]
+            row += [
+                _number(cell["paper"]),
+                "-" if difference is None else f"{100 * difference:+.2f}",
+            ]
+        table.add_row(*row)
+    return table
+
+
+def _spread(found: dict[str, float | None]) -> str:
+    """median (min-max) in %, '-' before any seed finished."""
+    low, high = found["min"], found["max"]
+    if found["median"] is None or low is None or high is None:
+        return "-"
+    spread = f" ({_number(low)}-{_number(high)})" if low != high else ""
+    return _number(found["median"]) + spread
+
+
+def _number(fraction: float | None) -> str:
+    return percent(fraction).removesuffix("%")
+
+
+def _console() -> Console:
+    return Console(width=None if Console().is_terminal else 160)
+
+
+def _run_local(
+    body: dict[str, Any], *, out: Path, device: str | None, data_root: Path | None
+) -> None:
+    """The whole study here: a SQLite database in `out`, its jobs one after another, then its
+    results and figure beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    root = out.resolve()
+    settings = Settings(
+        database_url=f"sqlite:///{root / 'study.db'}",
+        # Never used: every job is released at once below, so none waits to be enqueued.
+        broker_url=f"sqla+sqlite:///{root / 'broker.db'}",
+        artifact_dir=root / "artifacts",
+        data_dir=data_root or get_settings().data_dir,
+        device=device,
+    )
+    schema.upgrade(settings.database_url)
+    with session_scope(settings.database_url) as session:
+        if session.scalar(select(func.count()).select_from(Study)):
+            raise typer.BadParameter(
+                f"{out} already holds a study; give a new folder", param_hint="--out"
+            )
+    try:
+        study, job_ids = _create(settings, body)
+    except DomainError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(2) from error
+    typer.echo(f"study {study.id}: {len(job_ids)} jobs, one at a time, in {out}")
+    try:
+        _run_jobs(settings, job_ids, study_name=study.name)
+        _write_results(settings, study.id, out)
+    finally:
+        # Closing the last connection folds the WAL into study.db. (`pooled=True` spelled
+        # out: session_scope's engine is cached under that call.)
+        get_engine(settings.database_url, pooled=True).dispose()
+
+
+def _create(settings: Settings, body: dict[str, Any]) -> tuple[Study, list[uuid.UUID]]:
+    """Create the study with every job released; it and its jobs in order, seed by seed."""
+    seeds = list(range(body["seeds"]))
+    if "preset" in body:
+        request = service.from_preset(
+            body["preset"],
+            dataset=body["dataset"],
+            scale=body["scale"],
+            seeds=seeds,
+            max_parallel=1,
+            title=body["name"],
+            tags=tuple(body["tags"]),
+        )
+    else:
+        request = service.Request(
+            base=body["base"],
+            grid=body["grid"],
+            seeds=seeds,
+            name=body["name"],
+            tags=tuple(body["tags"]),
+        )
+    everything = dataclasses.replace(request, max_parallel=settings.max_study_jobs)
+    with session_scope(settings.database_url) as session:
+        study = service.create(
+            session=session,
+            request=everything,
+            max_jobs=settings.max_study_jobs,
+            max_attempts=settings.max_attempts,
+        )
+        job_ids = service.release(session=session, study_id=study.id)
+        study.max_parallel = 1  # what happens here: one job at a time
+    return study, job_ids
+
+
+def _run_jobs(settings: Settings, job_ids: list[uuid.UUID], *, study_name: str | None) -> None:
+    """Run each job in this process, with a bar of jobs and one of the current job's steps."""
+    prefix = f"{study_name}: " if study_name else ""  # each job's name repeats the study's
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn()) as progress:
+        jobs_bar = progress.add_task("jobs", total=len(job_ids))
+        steps_bar = progress.add_task("", total=None)
+        for job_id in job_ids:
+            label = (_job(settings, job_id).name or str(job_id)).removeprefix(prefix)
+            progress.reset(steps_bar, description=f"  {label}", total=None)
+            with _steps_shown(settings, job_id, progress, steps_bar):
+                execute(job_id, settings=settings, worker="local")
+            job = _job(settings, job_id)
+            outcome = f"final test error {percent(job.final_test_error)}"
+            progress.console.print(f"{label}: {job.status}, {job.error or outcome}")
+            progress.advance(jobs_bar)
+        progress.remove_task(steps_bar)
+
+
+def _job(settings: Settings, job_id: uuid.UUID) -> Job:
+    with session_scope(settings.database_url) as session:
+        job = session.get(Job, job_id)
+        assert job is not None, "the study's job exists"
+        return job
+
+
+@contextmanager
+def _steps_shown(
+    settings: Settings, job_id: uuid.UUID, progress: Progress, bar: TaskID
+) -> Iterator[None]:
+    """While the block runs, show the job's steps as its heartbeats record them."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(1.0):
+            try:
+                job = _job(settings, job_id)
+            except SQLAlchemyError:
+                continue  # the database is busy; the next poll will do
+            progress.update(bar, completed=job.step, total=job.total_steps)
+
+    thread = threading.Thread(target=poll, name=f"steps-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _write_results(settings: Settings, study_id: uuid.UUID, out: Path) -> None:
+    """results.md, results.csv and figure.png in `out`, and the table on the terminal;
+    exit 1 when no job succeeded."""
+    with session_scope(settings.database_url) as session:
+        study = session.get(Study, study_id)
+        assert study is not None, "the study exists"
+        cells = results.cells(session=session, study=study)
+        train = results.curves(session=session, study=study, metric="train/error")
+        test = results.curves(session=session, study=study, metric="test/error")
+        ended = service.state(study, service.counts(session=session, study_id=study_id))
+    preset = presets.PRESETS.get(study.preset) if study.preset else None
+    title = study.name or f"{' x '.join(study.spec['grid'])} over {len(study.spec['seeds'])} seeds"
+    source, note = (preset.source, preset.note) if preset else ("", "")
+    sections = [f"# {title}", source, results.as_markdown(study, cells).rstrip(), note]
+    (out / "results.md").write_text("\n\n".join(part for part in sections if part) + "\n")
+    (out / "results.csv").write_text(results.as_csv(study, cells))
+    figure = figures.png(train, test, title=title, plain_and_residual=study.preset == TWO_PANELS)
+    (out / "figure.png").write_bytes(figure)
+    _print_results(
+        _results_table(title, list(study.spec["grid"]), cells, study.metric), source, note
+    )
+    typer.echo(f"wrote {out / 'results.md'}, results.csv and figure.png")
+    if ended != "succeeded":
+        raise typer.Exit(1)
+
+
+def _print_results(table: Table, source: str | None, note: str | None) -> None:
+    """A results table with the papers' source and the preset's note under it."""
+    console = _console()
+    console.print(table)
+    for label, text in (("source", source), ("note", note)):
+        if text:
+            console.print(f"{label}: {text}")
