@@ -364,9 +364,8 @@ def _run_local(
         _run_jobs(settings, job_ids, study_name=study.name)
         _write_results(settings, study.id, out)
     finally:
-        # Closing the last connection folds the WAL into study.db. (`pooled=True` spelled
-        # out: session_scope's engine is cached under that call.)
-        get_engine(settings.database_url, pooled=True).dispose()
+        # Closing the last connection folds the WAL into study.db.
+        get_engine(settings.database_url).dispose()
 
 
 def _create(settings: Settings, body: dict[str, Any]) -> tuple[Study, list[uuid.UUID]]:

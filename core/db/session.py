@@ -14,9 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 
-@lru_cache(maxsize=8)
 def get_engine(url: str, *, pooled: bool = True) -> Engine:
     """One engine per database URL per process; `pooled=False` keeps no idle connection."""
+    return _engine(url, pooled)
+
+
+@lru_cache(maxsize=8)
+def _engine(url: str, pooled: bool) -> Engine:
     parsed = make_url(url)
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() == "sqlite":
