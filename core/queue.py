@@ -7,12 +7,16 @@ duplicated message costs nothing, because a task first claims its job in the dat
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Iterable
 from functools import lru_cache
 
 from celery import Celery
 
 from core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 RUN_JOB = "worker.run_job"
 REAP = "worker.reap_expired"
@@ -69,6 +73,19 @@ def app_for(settings: Settings) -> Celery:
 def enqueue(job_id: uuid.UUID, *, settings: Settings) -> None:
     """Put a job id on the train queue (call after the job's row is committed)."""
     app_for(settings).send_task(RUN_JOB, args=[str(job_id)], queue=QUEUE)
+
+
+def enqueue_committed(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> None:
+    """Enqueue jobs whose rows are committed; a broker failure is logged, not raised.
+
+    The job stays queued in the database, and the workers' periodic re-enqueue of queued
+    jobs older than a few seconds picks it up: a broker that is down loses nothing.
+    """
+    for job_id in job_ids:
+        try:
+            enqueue(job_id, settings=settings)
+        except Exception:  # any broker failure: the committed job is not lost
+            log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
 
 
 def depth(settings: Settings, *, timeout: float | None = None) -> int:

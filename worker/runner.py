@@ -16,7 +16,7 @@ import torch
 from core import jobs, kinds
 from core.db.session import session_scope
 from core.db.tables import Job
-from core.queue import enqueue
+from core.queue import enqueue_committed
 from core.settings import Settings
 from core.studies import service as studies
 from worker import outcomes, resume
@@ -91,8 +91,7 @@ def _release_study(settings: Settings, job_id: uuid.UUID) -> None:
     try:
         with session_scope(settings.database_url) as session:
             released = studies.release_after(session=session, job_id=job_id)
-        for next_id in released:
-            enqueue(next_id, settings=settings)
+        enqueue_committed(released, settings=settings)
     except Exception as error:
         log.warning("job %s: could not release its study's next jobs: %s", job_id, error)
 

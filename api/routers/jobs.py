@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import datetime
 from functools import lru_cache
@@ -33,11 +32,9 @@ from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
 from core.errors import ConflictError
 from core.kinds import KINDS, JobSpec
-from core.queue import enqueue
-from core.settings import Settings
+from core.queue import enqueue_committed
 from core.studies import service as studies
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
@@ -81,7 +78,7 @@ def submit(
         earlier = _by_idempotency_key(session, idempotency_key)
         assert earlier is not None
         return _replay(earlier, spec, response)
-    _enqueue(job.id, settings)
+    enqueue_committed([job.id], settings=settings)
     return JobOut.of(job)
 
 
@@ -98,16 +95,6 @@ def _replay(earlier: Job, spec: JobSpec, response: Response) -> JobOut:
         )
     response.status_code = status.HTTP_200_OK
     return JobOut.of(earlier)
-
-
-def _enqueue(job_id: uuid.UUID, settings: Settings) -> None:
-    """Enqueue after the commit; a failure leaves the job queued for the re-enqueue."""
-    # Still 202 when the broker is down: the job is committed as queued, and the workers'
-    # periodic re-enqueue of queued jobs older than a few seconds picks it up.
-    try:
-        enqueue(job_id, settings=settings)
-    except Exception:  # any broker failure: the committed job is not lost
-        log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
 
 
 @router.get("", summary="List jobs: filter, sort, page", responses=responses(401, 403, 422))
@@ -155,8 +142,7 @@ def cancel_job(
     job = jobs.request_cancel(session=session, job_id=job_id)
     released = studies.release_after(session=session, job_id=job_id)
     session.commit()
-    for next_id in released:  # a cancelled job of a study makes room for the next
-        _enqueue(next_id, settings)
+    enqueue_committed(released, settings=settings)  # a cancelled study job makes room
     return JobOut.of(job)
 
 

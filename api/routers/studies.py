@@ -3,7 +3,6 @@ results per cell beside the papers' numbers, as JSON, CSV, Markdown and curves."
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Annotated, Literal
 
@@ -29,11 +28,10 @@ from api.schemas import (
 from core import artifacts
 from core.db.tables import Job, Study
 from core.errors import ConflictError
-from core.queue import enqueue
+from core.queue import enqueue_committed
 from core.settings import Settings
 from core.studies import grid, presets, results, service
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/studies", tags=["studies"])
 
 
@@ -102,7 +100,7 @@ def submit(
         earlier = _by_idempotency_key(session, idempotency_key)
         assert earlier is not None
         return _replay(session, earlier, body, response)
-    _enqueue(released, settings)
+    enqueue_committed(released, settings=settings)
     return _study_out(session, study)
 
 
@@ -166,15 +164,6 @@ def _replay(session: Session, earlier: Study, body: StudyIn, response: Response)
         )
     response.status_code = status.HTTP_200_OK
     return _study_out(session, earlier)
-
-
-def _enqueue(job_ids: list[uuid.UUID], settings: Settings) -> None:
-    """Enqueue after the commit; a failure leaves the jobs queued for the re-enqueue."""
-    for job_id in job_ids:
-        try:
-            enqueue(job_id, settings=settings)
-        except Exception:  # any broker failure: the committed job is not lost
-            log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
 
 
 @router.get("", summary="List studies, newest first", responses=responses(401, 403, 422))

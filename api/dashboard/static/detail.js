@@ -5,6 +5,7 @@ import { api, follow } from "./api.js";
 import { ERROR_LAYOUT, errorTraces, lineTraces, PALETTE, perBlock, plot } from "./charts.js";
 import {
   ACTIVE,
+  actionButton,
   duration,
   h,
   jobTitle,
@@ -122,25 +123,7 @@ function throttle(draw) {
 }
 
 function drawHeader(parts, job, ctx, refresh) {
-  const act = (label, action, cls = "button.secondary") =>
-    h(
-      cls,
-      {
-        dataset: { action: label.toLowerCase() },
-        onclick: async (event) => {
-          event.target.disabled = true;
-          try {
-            const message = await action();
-            if (message) parts.messages.replaceChildren(notice(message));
-          } catch (error) {
-            parts.messages.replaceChildren(notice(error.message, true));
-          } finally {
-            event.target.disabled = false;
-          }
-        },
-      },
-      label,
-    );
+  const act = (label, action, cls) => actionButton(parts.messages, label, action, cls);
   const buttons = [];
   const canTrain = ctx.can("train");
   if (canTrain && ACTIVE.has(job.status) && !job.cancel_requested) {

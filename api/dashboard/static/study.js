@@ -4,7 +4,7 @@
 
 import { API, ApiError, api, askForKey } from "./api.js";
 import { bandTraces, PALETTE, panelAnchors, panelsLayout, plot } from "./charts.js";
-import { ACTIVE, h, notice, shortId, statusBadge, when } from "./ui.js";
+import { ACTIVE, actionButton, h, notice, shortId, statusBadge, when } from "./ui.js";
 
 const POLL_MS = 2000;
 // The sessionStorage entry api.js keeps the key in: a results file is fetched with the key,
@@ -78,24 +78,7 @@ export function cellLabel(values) {
 }
 
 function drawHeader(parts, study, ctx, reload) {
-  const act = (label, action, cls = "button.secondary") =>
-    h(
-      cls,
-      {
-        dataset: { action: label.toLowerCase() },
-        onclick: async (event) => {
-          event.target.disabled = true;
-          try {
-            await action();
-          } catch (error) {
-            parts.messages.replaceChildren(notice(error.message, true));
-          } finally {
-            event.target.disabled = false;
-          }
-        },
-      },
-      label,
-    );
+  const act = (label, action, cls) => actionButton(parts.messages, label, action, cls);
   const buttons = [];
   if (ctx.can("train") && ACTIVE.has(study.state)) {
     buttons.push(

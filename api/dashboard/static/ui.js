@@ -47,6 +47,31 @@ export function notice(text, bad = false) {
   return h(bad ? "div.notice.bad" : "div.notice", { role: bad ? "alert" : "status" }, text);
 }
 
+/**
+ * A button that runs `action` once at a time; a message it returns, or its error, goes to
+ * `messages`.
+ */
+export function actionButton(messages, label, action, cls = "button.secondary") {
+  return h(
+    cls,
+    {
+      dataset: { action: label.toLowerCase() },
+      onclick: async (event) => {
+        event.target.disabled = true;
+        try {
+          const message = await action();
+          if (message) messages.replaceChildren(notice(message));
+        } catch (error) {
+          messages.replaceChildren(notice(error.message, true));
+        } finally {
+          event.target.disabled = false;
+        }
+      },
+    },
+    label,
+  );
+}
+
 export function jobTitle(job) {
   const what = `${job.kind === "evaluate" ? "evaluate " : ""}${job.model ?? job.kind}`;
   return job.name || `${what} on ${job.dataset ?? "?"} · ${shortId(job.id)}`;
