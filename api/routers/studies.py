@@ -35,7 +35,7 @@ from core.studies import grid, presets, results, service
 router = APIRouter(prefix="/studies", tags=["studies"])
 
 
-@router.get("/presets", summary="The papers' experiments as presets")
+@router.get("/presets", summary="The papers' experiments as presets", responses=responses(401, 403))
 def list_presets(_: ReadKey) -> list[StudyPresetOut]:
     """Each preset with its source, what it shows, and its recipe at each scale."""
     return [
@@ -177,7 +177,9 @@ def list_studies(
     return [_study_item(session, study) for study in rows]
 
 
-@router.get("/{study_id}", summary="A study and its results", responses=responses(401, 403, 404))
+@router.get(
+    "/{study_id}", summary="A study and its results", responses=responses(401, 403, 404, 422)
+)
 def read_study(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> StudyOut:
     """State, counts, each cell's statistics over seeds beside the papers' number, the jobs."""
     return _study_out(session, service.get(session=session, study_id=study_id))
@@ -187,7 +189,7 @@ def read_study(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> StudyOut
     "/{study_id}/results.csv",
     summary="A study's results as CSV",
     response_class=Response,
-    responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 404)},
+    responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 404, 422)},
 )
 def results_csv(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
     """One row per cell: axis values, seeds, each error's statistics, the papers' number."""
@@ -200,7 +202,7 @@ def results_csv(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Respons
     "/{study_id}/results.md",
     summary="A study's results as a Markdown table",
     response_class=Response,
-    responses={200: {"content": {"text/markdown": {}}}, **responses(401, 403, 404)},
+    responses={200: {"content": {"text/markdown": {}}}, **responses(401, 403, 404, 422)},
 )
 def results_markdown(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
     """The table the way the papers print it: errors in %, ours beside theirs."""
@@ -242,7 +244,7 @@ def read_curves(
 
 
 @router.post(
-    "/{study_id}/cancel", summary="Cancel a study", responses=responses(401, 403, 404, 409)
+    "/{study_id}/cancel", summary="Cancel a study", responses=responses(401, 403, 404, 409, 422)
 )
 def cancel_study(study_id: uuid.UUID, session: SessionDep, _: TrainKey) -> StudyOut:
     """Every unfinished job: held and queued ones now, running ones within seconds."""
@@ -255,7 +257,7 @@ def cancel_study(study_id: uuid.UUID, session: SessionDep, _: TrainKey) -> Study
     "/{study_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a study, its jobs and their artifacts",
-    responses=responses(401, 403, 404, 409),
+    responses=responses(401, 403, 404, 409, 422),
 )
 def delete_study(
     study_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey
