@@ -25,8 +25,12 @@ from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
 from training.pipeline import Augmentation, make_batches
 from training.recipe import (
+    augment_flip,
+    augment_pad,
+    describe_augmentation,
     learning_rate,
     make_optimizer,
+    resolve_defaults,
     set_lr,
     total_iterations,
     uses_paper_warmup,
@@ -82,12 +86,22 @@ def fit(
     device: torch.device | None = None,
     resume: bool = True,
 ) -> dict[str, Any]:
-    """Train `spec` on `data`, checkpointing to `out_dir/checkpoints`; return the summary."""
-    recipe, info = spec.recipe, data.info
+    """Train `spec` on `data`, checkpointing to `out_dir/checkpoints`; return the summary.
+
+    The spec as used, its defaults resolved for the data and the device, goes to
+    `out_dir/spec.json` and into every checkpoint.
+    """
+    info = data.info
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint_dir = out_dir / checkpoints.DIRECTORY
+    latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
+    restored = checkpoints.load(latest) if latest is not None else None
+    given, spec = spec.recipe, _as_used(spec, info, device, restored)
+    recipe, channels_last = spec.recipe, bool(spec.recipe.channels_last)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
     torch.manual_seed(recipe.seed)
     model = build_model(spec.model, info).to(device)
-    channels_last = device.type == "cuda" if recipe.channels_last is None else recipe.channels_last
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     amp_dtype = autocast_dtype(recipe, device)
@@ -96,13 +110,13 @@ def fit(
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     optimizer = make_optimizer(recipe, model)
 
-    augment = Augmentation(pad=recipe.augment_pad, flip=recipe.augment_flip)
+    augment = _augmentation(spec, info)
     train_batches = make_batches(
         data.train,
         info,
         batch_size=recipe.batch_size,
         device=device,
-        augment=augment if recipe.augment else False,
+        augment=augment,
         shuffle=True,
         drop_last=len(data.train) > recipe.batch_size,
         seed=recipe.seed,
@@ -131,14 +145,13 @@ def fit(
 
     state = LoopState(warming_up=uses_paper_warmup(recipe, spec.model))
     window = Window(device)
-    checkpoint_dir = out_dir / checkpoints.DIRECTORY
-    latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
-    if latest is not None:
-        restored = checkpoints.load(latest)
+    if latest is not None and restored is not None:
         _restore(restored, model, optimizer, scaler, state, window)
         sink.on_event("info", f"resumed from {latest.name} at step {state.step}")
     else:
         sink.on_event("info", f"training {spec.model.name} on {info.name} for {total} steps")
+    sink.on_event("info", describe_augmentation(given, spec))
+    sink.on_event("info", f"memory format: {'channels_last' if channels_last else 'NCHW'}")
 
     runner: nn.Module = torch.compile(model) if recipe.compile else model  # type: ignore[assignment]
     probe = BlockProbe(model)
@@ -200,8 +213,27 @@ def fit(
         spec, info, state, evaluations, total, time.perf_counter() - started, stopped
     )
     summary["images_per_s"] = train_images / train_seconds if train_seconds else None
+    used = augment or Augmentation(pad=0, flip=False)
+    summary["augmentation"] = {"pad": used.pad, "flip": used.flip}
+    summary["channels_last"] = channels_last
     sink.on_event("info", "stopped on request" if stopped else "finished")
     return summary
+
+
+def _as_used(
+    spec: TrainSpec, info: DatasetInfo, device: torch.device, restored: dict[str, Any] | None
+) -> TrainSpec:
+    """The spec with its defaults resolved, a resumed run's augmentation kept."""
+    resumed = None if restored is None else TrainSpec.model_validate(restored["spec"]).recipe
+    return resolve_defaults(spec, info, device, resumed=resumed)
+
+
+def _augmentation(spec: TrainSpec, info: DatasetInfo) -> Augmentation | None:
+    """The training batches' augmentation; None when off."""
+    recipe = spec.recipe
+    if not recipe.augment:
+        return None
+    return Augmentation(augment_pad(recipe, info.image_size), augment_flip(recipe, spec.dataset))
 
 
 def build_model(spec: ModelSpec, info: DatasetInfo) -> models.ResNet:

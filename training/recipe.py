@@ -1,4 +1,6 @@
-"""The papers' recipe as small pure functions: budget, optimizer, learning rate, warm-up."""
+"""The papers' recipe as small pure functions: budget, optimizer, learning rate, warm-up,
+and the defaults that depend on the data and the device (augmentation, memory format).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import torch
 from torch import nn
 
 import models
-from training.specs import ModelSpec, RecipeSpec
+from training.data import DatasetInfo
+from training.specs import DatasetSpec, ModelSpec, RecipeSpec, TrainSpec
 
 PAPER_ITERATIONS = 64_000  # 2015 Sec. 4.2: stop at 64k iterations
 
@@ -76,3 +79,73 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every parameter group's learning rate."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def augment_pad(recipe: RecipeSpec, image_size: tuple[int, int]) -> int:
+    """Pixels of zero padding a side: as given, or the papers' 4 at 32 scaled to the image."""
+    if recipe.augment_pad != "auto":
+        return recipe.augment_pad
+    # size / 8 rounded half up (28 -> 4, 20 -> 3, 8 -> 1), at least 1, at most the spec's 32.
+    return min(max((min(image_size) + 4) // 8, 1), 32)
+
+
+def augment_flip(recipe: RecipeSpec, dataset: DatasetSpec) -> bool:
+    """Whether to flip: as given, or where the dataset says a mirror image keeps its class."""
+    if recipe.augment_flip != "auto":
+        return recipe.augment_flip
+    return dataset.flip_keeps_label
+
+
+def default_channels_last(device: torch.device, channels: int) -> bool:
+    """Whether channels_last is the faster memory format to train in on `device`.
+
+    On CUDA it is (tensor-core convolutions want it). On the CPU it was too, for 3-channel
+    32x32 and 1-channel 28x28 inputs, ResNet-20 and ResNet-56 at batch 128:
+    `python -m bench.train_throughput --inputs 3x32x32 1x28x28` (README, Training).
+    """
+    return device.type in ("cuda", "cpu")
+
+
+def resolve_defaults(
+    spec: TrainSpec, info: DatasetInfo, device: torch.device, *, resumed: RecipeSpec | None = None
+) -> TrainSpec:
+    """`spec` with its data- and device-dependent defaults replaced by the values used.
+
+    A resumed run keeps the augmentation its checkpoint recorded wherever `spec` leaves it
+    to the defaults, so it goes on with the batches it started with.
+    """
+    recipe = spec.recipe
+    if resumed is not None:
+        kept = {
+            field: getattr(resumed, field)
+            for field in ("augment_pad", "augment_flip")
+            if getattr(recipe, field) == "auto"
+        }
+        recipe = recipe.model_copy(update=kept)
+    channels_last = recipe.channels_last
+    used = {
+        "augment_pad": augment_pad(recipe, info.image_size),
+        "augment_flip": augment_flip(recipe, spec.dataset),
+        "channels_last": (
+            default_channels_last(device, info.channels) if channels_last is None else channels_last
+        ),
+    }
+    return spec.model_copy(update={"recipe": recipe.model_copy(update=used)})
+
+
+def describe_augmentation(given: RecipeSpec, used: TrainSpec) -> str:
+    """One line on the augmentation `used`, and why where `given` left it to the defaults."""
+    recipe = used.recipe
+    if not recipe.augment:
+        return "augmentation: off"
+    pad = f"pad {recipe.augment_pad}" + (" (as given)" if given.augment_pad != "auto" else "")
+    flip = "flip" if recipe.augment_flip else "no flip"
+    keeps_label = used.dataset.flip_keeps_label
+    if given.augment_flip != "auto":
+        flip += " (as given)"
+    elif recipe.augment_flip == keeps_label:
+        effect = "keeps" if keeps_label else "changes"
+        flip += f" ({used.dataset.name}: a flip {effect} the label)"
+    else:
+        flip += " (as the resumed run started)"
+    return f"augmentation: {pad}, {flip}"

@@ -36,10 +36,10 @@ def train(
     """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`.
 
     `prepare` sees the loaded dataset before training starts (the service sets the job's
-    time limits from it). The summary's non-finite numbers are None, as JSON has no NaN.
+    time limits from it). `spec.json` is the spec as used, defaults resolved (`fit` writes
+    it). The summary's non-finite numbers are None, as JSON has no NaN.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
     data = load_dataset(spec.dataset, data_root=data_root, download=download)
     if prepare is not None:
         prepare(data)

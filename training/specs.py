@@ -6,9 +6,18 @@ with a message per field. Defaults are the papers' CIFAR recipe (shared/PAPERS.m
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 import models
 
@@ -35,6 +44,9 @@ class ModelSpec(Spec):
 
 
 class _DatasetBase(Spec):
+    # Whether a mirror image keeps its class: what `augment_flip: "auto"` follows.
+    flip_keeps_label: ClassVar[bool]
+
     validation: float = Field(
         0.1, ge=0, le=0.5, description="Seeded hold-out fraction of the training split."
     )
@@ -51,30 +63,35 @@ class Cifar10Spec(_DatasetBase):
     """CIFAR-10 python archive (`cifar-10-python.tar.gz` or its unpacked folder)."""
 
     name: Literal["cifar10"]
+    flip_keeps_label = True  # natural images: the papers flip them
 
 
 class Cifar100Spec(_DatasetBase):
     """CIFAR-100 python archive (`cifar-100-python.tar.gz` or its unpacked folder)."""
 
     name: Literal["cifar100"]
+    flip_keeps_label = True  # natural images: the papers flip them
 
 
 class MnistSpec(_DatasetBase):
     """MNIST IDX files, gzipped or not, in torchvision's layout or a plain folder."""
 
     name: Literal["mnist"]
+    flip_keeps_label = False  # a mirrored digit is another digit (2, 5) or none
 
 
 class FashionMnistSpec(_DatasetBase):
     """Fashion-MNIST IDX files, gzipped or not, in torchvision's layout or a plain folder."""
 
     name: Literal["fashion_mnist"]
+    flip_keeps_label = True  # clothes are left-right symmetric as classes
 
 
 class DigitsSpec(_DatasetBase):
     """scikit-learn's 8x8 optical digits, always available offline."""
 
     name: Literal["digits"]
+    flip_keeps_label = False  # a mirrored digit is another digit (2, 5) or none
     test_fraction: float = Field(0.2, gt=0, lt=1, description="Seeded test hold-out.")
 
 
@@ -82,6 +99,7 @@ class ImageFolderSpec(_DatasetBase):
     """A `class/image` tree, or a .zip/.tar/.tar.gz of one, under the data root."""
 
     name: Literal["imagefolder"]
+    flip_keeps_label = True  # natural images, as a rule; augment_flip=false says otherwise
     path: str = Field(description="Folder or archive, relative to the data root.")
     image_size: int | None = Field(
         None, ge=8, le=1024, description="Resize to this square size; default: the first image's."
@@ -105,6 +123,7 @@ class SyntheticSpec(_DatasetBase):
     """Seeded noise around a fixed pattern per class: learnable, for smoke tests only."""
 
     name: Literal["synthetic"]
+    flip_keeps_label = False  # each class is one random pattern; its mirror is no class's
     num_classes: int = Field(10, ge=2, le=1000)
     image_size: int = Field(32, ge=8, le=256)
     channels: Literal[1, 3] = 3
@@ -151,14 +170,20 @@ class RecipeSpec(Spec):
     warmup_iterations: int = Field(400, ge=1, le=1_000_000)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this.")
-    augment: bool = Field(True, description="Pad-4 random crop and horizontal flip.")
-    augment_pad: int = Field(4, ge=0, le=32)
-    augment_flip: bool = True
+    augment: bool = Field(True, description="Random crops of the padded image, and flips.")
+    augment_pad: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = Field(
+        "auto", description="Pixels of zero padding a side; auto: the image size / 8 (4 at 32)."
+    )
+    augment_flip: bool | Literal["auto"] = Field(
+        "auto", description="Random horizontal flips; auto: where a flip keeps the label."
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1)
     mixed_precision: Literal["auto", "bf16", "fp16", "off"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, off on the CPU."
     )
-    channels_last: bool | None = Field(None, description="Default: on CUDA.")
+    channels_last: bool | None = Field(
+        None, description="Default: the faster memory format on the device."
+    )
     compile: bool = Field(False, description="torch.compile the model.")
     log_every: int = Field(50, ge=1, le=100_000, description="Iterations between train metrics.")
     eval_every: int | None = Field(None, ge=1, description="Iterations; default: every epoch.")
@@ -167,6 +192,21 @@ class RecipeSpec(Spec):
     )
     checkpoint_every: int | None = Field(None, ge=1, description="Iterations; default: epoch.")
     keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept besides the best.")
+
+    @field_validator("augment_pad", "augment_flip", mode="wrap")
+    @classmethod
+    def _auto_or_value(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        # One message for the field, not one per member of the union.
+        try:
+            return handler(value)
+        except ValidationError:
+            expected = {
+                "augment_pad": "must be 'auto' or a whole number of pixels 0..32",
+                "augment_flip": "must be 'auto', true or false",
+            }
+            raise ValueError(expected[info.field_name or ""]) from None
 
     @model_validator(mode="after")
     def _one_budget(self) -> RecipeSpec:

@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from training.data import DatasetInfo
 from training.recipe import (
+    augment_pad,
+    describe_augmentation,
     learning_rate,
     make_optimizer,
+    resolve_defaults,
     total_iterations,
     uses_paper_warmup,
     warmup_over,
 )
-from training.specs import ModelSpec, RecipeSpec
+from training.specs import ModelSpec, RecipeSpec, TrainSpec
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DATASETS: dict[str, dict[str, Any]] = {
+    "cifar10": {"name": "cifar10"},
+    "cifar100": {"name": "cifar100"},
+    "imagefolder": {"name": "imagefolder", "path": "flowers"},
+    "fashion_mnist": {"name": "fashion_mnist"},
+    "mnist": {"name": "mnist"},
+    "digits": {"name": "digits"},
+    "synthetic": {"name": "synthetic"},
+}
+SIZES = {"cifar10": 32, "cifar100": 32, "imagefolder": 224, "fashion_mnist": 28, "mnist": 28}
+
+
+def _train_spec(dataset: str, **recipe: Any) -> TrainSpec:
+    return TrainSpec.model_validate(
+        {"model": {"name": "resnet20"}, "dataset": DATASETS[dataset], "recipe": recipe}
+    )
+
+
+def _info(dataset: str, channels: int = 3) -> DatasetInfo:
+    size = SIZES.get(dataset, 8 if dataset == "digits" else 32)
+    mean, std = (0.5,) * channels, (0.25,) * channels
+    return DatasetInfo(dataset, ("a", "b"), channels, (size, size), mean, std)
 
 
 def test_default_recipe_is_the_papers() -> None:
@@ -89,3 +119,81 @@ def test_optimizers(optimizer: str) -> None:
     assert group["weight_decay"] == 1e-4
     if optimizer != "adamw":
         assert group["nesterov"] is (optimizer == "nesterov")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "pad", "flip"),
+    [
+        ("cifar10", 4, True),
+        ("cifar100", 4, True),
+        ("imagefolder", 28, True),
+        ("fashion_mnist", 4, True),
+        ("mnist", 4, False),
+        ("digits", 1, False),
+        ("synthetic", 4, False),
+    ],
+)
+def test_augmentation_defaults_fit_the_dataset(dataset: str, pad: int, flip: bool) -> None:
+    used = resolve_defaults(_train_spec(dataset), _info(dataset), CPU).recipe
+    assert (used.augment_pad, used.augment_flip) == (pad, flip)
+
+
+@pytest.mark.parametrize(
+    ("size", "pad"),
+    [(32, 4), (28, 4), (20, 3), (12, 2), (8, 1), (4, 1), (64, 8), (224, 28), (1024, 32)],
+)
+def test_auto_pad_is_an_eighth_of_the_size_rounded_half_up(size: int, pad: int) -> None:
+    assert augment_pad(RecipeSpec(), (size, size)) == pad
+    assert augment_pad(RecipeSpec(), (size, 2 * size)) == pad  # the shorter side counts
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "digits"])
+def test_explicit_augmentation_wins(dataset: str) -> None:
+    for pad, flip in [(0, True), (7, False)]:
+        spec = _train_spec(dataset, augment_pad=pad, augment_flip=flip)
+        used = resolve_defaults(spec, _info(dataset), CPU).recipe
+        assert (used.augment_pad, used.augment_flip) == (pad, flip)
+
+
+def test_resolving_changes_only_the_defaults() -> None:
+    spec = _train_spec("digits", lr=0.05, augment_pad=2)
+    used = resolve_defaults(spec, _info("digits"), CPU)
+    assert used.model_dump(exclude={"recipe"}) == spec.model_dump(exclude={"recipe"})
+    changed = {
+        name
+        for name, value in used.recipe.model_dump().items()
+        if value != getattr(spec.recipe, name)
+    }
+    assert changed == {"augment_flip", "channels_last"}
+    # Resolved once, a spec resolves to itself (a written spec.json trains the same run).
+    assert resolve_defaults(used, _info("digits"), CPU) == used
+
+
+def test_a_resumed_run_keeps_its_recorded_augmentation() -> None:
+    recorded = RecipeSpec(augment_pad=4, augment_flip=True)  # written before the auto defaults
+    spec = _train_spec("digits")
+    used = resolve_defaults(spec, _info("digits"), CPU, resumed=recorded).recipe
+    assert (used.augment_pad, used.augment_flip) == (4, True)
+    explicit = _train_spec("digits", augment_flip=False)
+    used = resolve_defaults(explicit, _info("digits"), CPU, resumed=recorded).recipe
+    assert (used.augment_pad, used.augment_flip) == (4, False)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, "augmentation: pad 1, no flip (digits: a flip changes the label)"),
+        (
+            {"augment_pad": 2, "augment_flip": True},
+            "augmentation: pad 2 (as given), flip (as given)",
+        ),
+        ({"augment": False}, "augmentation: off"),
+    ],
+)
+def test_the_augmentation_line_says_why(given: dict[str, Any], expected: str) -> None:
+    spec = _train_spec("digits", **given)
+    used = resolve_defaults(spec, _info("digits"), CPU)
+    assert describe_augmentation(spec.recipe, used) == expected
+    cifar = _train_spec("cifar10")
+    line = describe_augmentation(cifar.recipe, resolve_defaults(cifar, _info("cifar10"), CPU))
+    assert line == "augmentation: pad 4, flip (cifar10: a flip keeps the label)"
