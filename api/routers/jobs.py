@@ -10,10 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.sse import EventSourceResponse
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from api import queries
+from api import idempotency, queries
 from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
 from api.errors import responses
 from api.schemas import (
@@ -30,7 +28,6 @@ from api.stream import job_events
 from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
-from core.errors import ConflictError
 from core.kinds import KINDS, JobSpec
 from core.queue import enqueue_committed
 from core.studies import service as studies
@@ -59,11 +56,8 @@ def submit(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobOut:
     """Validate, commit the queued job, then put its id on the train queue (202)."""
-    if idempotency_key is not None:
-        earlier = _by_idempotency_key(session, idempotency_key)
-        if earlier is not None:
-            return _replay(earlier, spec, response)
-    try:
+    found = idempotency.earlier(session, Job, idempotency_key)
+    if found is None:
         job = jobs.create(
             session=session,
             spec=spec,
@@ -71,30 +65,13 @@ def submit(
             owner_key_id=key.key_id if key else None,
             idempotency_key=idempotency_key,
         )
-        session.commit()
-    except IntegrityError:  # the same key, submitted concurrently, won the race
-        session.rollback()
-        assert idempotency_key is not None
-        earlier = _by_idempotency_key(session, idempotency_key)
-        assert earlier is not None
-        return _replay(earlier, spec, response)
-    enqueue_committed([job.id], settings=settings)
-    return JobOut.of(job)
-
-
-def _by_idempotency_key(session: Session, key: str) -> Job | None:
-    return session.scalars(select(Job).where(Job.idempotency_key == key)).one_or_none()
-
-
-def _replay(earlier: Job, spec: JobSpec, response: Response) -> JobOut:
-    """The earlier job of an Idempotency-Key (200), if the spec is the same."""
-    if earlier.spec != spec.model_dump(mode="json"):
-        raise ConflictError(
-            f"Idempotency-Key {earlier.idempotency_key!r} was used for job {earlier.id} "
-            "with a different spec; use a new key"
-        )
-    response.status_code = status.HTTP_200_OK
-    return JobOut.of(earlier)
+        found = idempotency.commit_or_earlier(session, Job, idempotency_key)
+        if found is None:
+            enqueue_committed([job.id], settings=settings)
+            return JobOut.of(job)
+    same = found.spec == spec.model_dump(mode="json")
+    idempotency.replay(found, same=same, what="job", response=response)
+    return JobOut.of(found)
 
 
 @router.get("", summary="List jobs: filter, sort, page", responses=responses(401, 403, 422))

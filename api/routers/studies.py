@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Response, status
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api import idempotency
 from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
 from api.errors import responses
 from api.schemas import (
@@ -27,7 +27,6 @@ from api.schemas import (
 )
 from core import artifacts
 from core.db.tables import Job, Study
-from core.errors import ConflictError
 from core.queue import enqueue_committed
 from core.settings import Settings
 from core.studies import grid, presets, results, service
@@ -77,15 +76,11 @@ def submit(
     if dry_run:
         response.status_code = status.HTTP_200_OK
         return _preview(_request(body), settings)
-    if idempotency_key is not None:
-        earlier = _by_idempotency_key(session, idempotency_key)
-        if earlier is not None:
-            return _replay(session, earlier, body, response)
-    request = _request(body)
-    try:
+    found = idempotency.earlier(session, Study, idempotency_key)
+    if found is None:
         study = service.create(
             session=session,
-            request=request,
+            request=_request(body),
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
             owner_key_id=key.key_id if key else None,
@@ -93,15 +88,13 @@ def submit(
         )
         study.spec = {**study.spec, "request": body.model_dump(mode="json")}
         released = service.release(session=session, study_id=study.id)
-        session.commit()
-    except IntegrityError:  # the same key, submitted concurrently, won the race
-        session.rollback()
-        assert idempotency_key is not None
-        earlier = _by_idempotency_key(session, idempotency_key)
-        assert earlier is not None
-        return _replay(session, earlier, body, response)
-    enqueue_committed(released, settings=settings)
-    return _study_out(session, study)
+        found = idempotency.commit_or_earlier(session, Study, idempotency_key)
+        if found is None:
+            enqueue_committed(released, settings=settings)
+            return _study_out(session, study)
+    same = found.spec.get("request") == body.model_dump(mode="json")
+    idempotency.replay(found, same=same, what="study", response=response)
+    return _study_out(session, found)
 
 
 def _preview(request: service.Request, settings: Settings) -> StudyPreview:
@@ -149,21 +142,6 @@ def _request(body: StudyIn) -> service.Request:
         tags=tuple(body.tags),
         max_parallel=body.max_parallel,
     )
-
-
-def _by_idempotency_key(session: Session, key: str) -> Study | None:
-    return session.scalars(select(Study).where(Study.idempotency_key == key)).one_or_none()
-
-
-def _replay(session: Session, earlier: Study, body: StudyIn, response: Response) -> StudyOut:
-    """The earlier study of an Idempotency-Key (200), if the request is the same."""
-    if earlier.spec.get("request") != body.model_dump(mode="json"):
-        raise ConflictError(
-            f"Idempotency-Key {earlier.idempotency_key!r} was used for study {earlier.id} "
-            "with a different request; use a new key"
-        )
-    response.status_code = status.HTTP_200_OK
-    return _study_out(session, earlier)
 
 
 @router.get("", summary="List studies, newest first", responses=responses(401, 403, 422))

@@ -1,0 +1,48 @@
+"""Idempotency-Key: a submission sent twice makes one row, and the second answer is the first.
+
+Jobs and studies keep the key in a unique column; a concurrent duplicate loses at commit.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from fastapi import Response, status
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from core.db.tables import Job, Study
+from core.errors import ConflictError
+
+Row = TypeVar("Row", Job, Study)
+
+
+def earlier(session: Session, table: type[Row], key: str | None) -> Row | None:
+    """The row an earlier submission with `key` made, if any."""
+    if key is None:
+        return None
+    return session.scalars(select(table).where(table.idempotency_key == key)).one_or_none()
+
+
+def commit_or_earlier(session: Session, table: type[Row], key: str | None) -> Row | None:
+    """Commit the new row; None, or the earlier row when a concurrent duplicate won."""
+    try:
+        session.commit()
+    except IntegrityError:  # the same key, submitted concurrently, won the race
+        session.rollback()
+        found = earlier(session, table, key)
+        if found is None:
+            raise
+        return found
+    return None
+
+
+def replay(row: Job | Study, *, same: bool, what: str, response: Response) -> None:
+    """Answer with the earlier row (200) if the request was the same; else 409."""
+    if not same:
+        raise ConflictError(
+            f"Idempotency-Key {row.idempotency_key!r} was used for {what} {row.id} with a "
+            f"different {'spec' if what == 'job' else 'request'}; use a new key"
+        )
+    response.status_code = status.HTTP_200_OK
