@@ -63,7 +63,7 @@ def bare_loop(
     device = device or torch.device("cpu")
     cuda = device.type == "cuda"
     if channels_last is None:
-        channels_last = default_channels_last(device, data.info.channels)
+        channels_last = default_channels_last(device)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     torch.manual_seed(0)
     model = models.build(

@@ -197,3 +197,15 @@ def test_the_augmentation_line_says_why(given: dict[str, Any], expected: str) ->
     cifar = _train_spec("cifar10")
     line = describe_augmentation(cifar.recipe, resolve_defaults(cifar, _info("cifar10"), CPU))
     assert line == "augmentation: pad 4, flip (cifar10: a flip keeps the label)"
+
+
+@pytest.mark.parametrize(("device", "expected"), [(CPU, True), (CUDA, True)])
+def test_channels_last_is_the_default_where_it_is_faster(
+    device: torch.device, expected: bool
+) -> None:
+    spec = _train_spec("fashion_mnist")
+    assert (
+        resolve_defaults(spec, _info("fashion_mnist", 1), device).recipe.channels_last is expected
+    )
+    given = _train_spec("fashion_mnist", channels_last=False)
+    assert resolve_defaults(given, _info("fashion_mnist", 1), device).recipe.channels_last is False
