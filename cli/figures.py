@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from core.studies.results import cell_label
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -87,17 +89,6 @@ def _depth_key(curve: Curve) -> str:
 def _colours(keys: Sequence[str]) -> dict[str, str]:
     """The palette's colours in turn, to the keys in the order they first come."""
     return {key: PALETTE[index % len(PALETTE)] for index, key in enumerate(dict.fromkeys(keys))}
-
-
-def cell_label(values: dict[str, Any]) -> str:
-    """A cell's values in a few words: `resnet20, 0.1`; an object's as `key=value` pairs."""
-    return ", ".join(_value_text(value) for value in values.values())
-
-
-def _value_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return " ".join(f"{key}={item}" for key, item in value.items())
-    return str(value)
 
 
 def _label(curve: Curve) -> str:

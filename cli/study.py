@@ -302,7 +302,7 @@ def _results_table(title: str, axes: list[str], cells: list[dict[str, Any]], met
         lost = cell["failed"] + cell["cancelled"]
         seeds = f"{len(cell['seeds_done'])}/{cell['jobs']}" + (f" ({lost} lost)" if lost else "")
         row = [
-            *(figures.cell_label({axis: cell["values"][axis]}) for axis in axes),
+            *(results.cell_label({axis: cell["values"][axis]}) for axis in axes),
             seeds,
             *(_spread(cell[error]) for error in results.ERRORS),
         ]

@@ -160,7 +160,7 @@ def as_markdown(study: Study, results: list[dict[str, Any]]) -> str:
         "|" + "---|" * (len(axes) + len(ERRORS) + 3),
     ]
     for row in results:
-        cells = [str(row["values"][axis]) for axis in axes]
+        cells = [cell_label({axis: row["values"][axis]}) for axis in axes]
         cells.append(f"{len(row['seeds_done'])}/{row['jobs']}")
         cells += [_percent_range(row[error]) for error in ERRORS]
         cells.append(_percent(row["paper"]))
@@ -169,6 +169,17 @@ def as_markdown(study: Study, results: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(f"Errors in %, median over seeds (min-max); the papers' number is {metric}.")
     return "\n".join(lines) + "\n"
+
+
+def cell_label(values: dict[str, Any]) -> str:
+    """A cell's values in a few words: `resnet20, 0.1`; an object's as `key=value` pairs."""
+    return ", ".join(_value_text(value) for value in values.values())
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{key}={item}" for key, item in value.items())
+    return str(value)
 
 
 def _percent(value: float | None) -> str:

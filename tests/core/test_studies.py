@@ -9,9 +9,9 @@ from sqlalchemy import select
 
 from core import jobs
 from core.db.session import session_scope
-from core.db.tables import Job
+from core.db.tables import Job, Study
 from core.errors import InvalidError
-from core.studies import grid, service
+from core.studies import grid, results, service
 
 BASE = {"model": {"name": "resnet8"}, "dataset": {"name": "digits"}, "recipe": {"epochs": 1}}
 
@@ -111,3 +111,20 @@ def test_a_held_job_is_not_counted_as_waiting_on_the_broker(database_url: str) -
     _study(database_url, max_parallel=1)
     with session_scope(database_url) as session:
         assert jobs.count_queued(session=session) == before + 1
+
+
+def test_the_markdown_table_shows_an_option_cell_as_key_value_pairs() -> None:
+    options = {"shortcut_variant": "exclusive_gating", "gate_bias": -6}
+    study = Study(spec={"grid": {"model.options": [options]}}, metric="final_test_error")
+    unfinished = {"median": None, "min": None, "max": None}
+    row = {
+        "values": {"model.options": options},
+        "seeds_done": [],
+        "jobs": 2,
+        **{error: unfinished for error in results.ERRORS},
+        "paper": 0.087,
+        "difference": None,
+    }
+    markdown = results.as_markdown(study, [row])
+    assert "| shortcut_variant=exclusive_gating gate_bias=-6 | 0/2 |" in markdown
+    assert "{" not in markdown

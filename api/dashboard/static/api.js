@@ -14,7 +14,8 @@ export class ApiError extends Error {
   }
 }
 
-function authHeaders() {
+/** The Authorization header of the session's key, if it has one. */
+export function authHeaders() {
   const key = sessionStorage.getItem(KEY);
   return key ? { Authorization: `Bearer ${key}` } : {};
 }

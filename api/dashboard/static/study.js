@@ -2,14 +2,11 @@
 // plain nets left, residual nets right), its results per cell beside the papers' numbers,
 // its jobs, the results files, and its actions. Polls while a job is unfinished.
 
-import { API, ApiError, api, askForKey } from "./api.js";
+import { API, ApiError, api, askForKey, authHeaders } from "./api.js";
 import { bandTraces, PALETTE, panelAnchors, panelsLayout, plot } from "./charts.js";
 import { ACTIVE, actionButton, h, notice, shortId, statusBadge, when } from "./ui.js";
 
 const POLL_MS = 2000;
-// The sessionStorage entry api.js keeps the key in: a results file is fetched with the key,
-// which a plain link cannot send, and saved from a blob.
-const KEY = "resnet-service.key";
 // 2015 Fig. 6: "dashed lines denote training error, and bold lines denote testing error".
 const LINES = {
   "train/error": { label: "train", line: { width: 1, dash: "dash" } },
@@ -291,9 +288,8 @@ function downloadLink(parts, path, filename, label) {
 
 /** Fetch `path` with the session's key and save it as `filename`. */
 async function save(path, filename) {
-  const key = sessionStorage.getItem(KEY);
-  const headers = key ? { Authorization: `Bearer ${key}` } : {};
-  const response = await fetch(`${API}${path}`, { headers });
+  // With the key, which a plain link cannot send; the file is saved from a blob.
+  const response = await fetch(`${API}${path}`, { headers: authHeaders() });
   if (response.status === 401) {
     await askForKey("This service asks for an API key.");
     return save(path, filename);
