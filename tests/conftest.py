@@ -3,7 +3,6 @@ database of the module's own, and the service's settings and live API on both.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import redis
 from core.db import schema
 from core.queue import QUEUE
 from core.settings import Settings
-from tests.services import REDIS_URL, claim_redis_db, serve, throwaway_database
+from tests.services import REDIS_URL, claimed_redis_db, serve, throwaway_database
 
 
 @pytest.fixture(scope="module")
@@ -26,28 +25,16 @@ def postgres_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def redis_broker_url() -> Iterator[str]:
-    """A Redis database number no other test run holds (a lock key marks it), flushed."""
-    token = uuid.uuid4().hex
-    for number in range(1, 16):
-        client = redis.Redis.from_url(f"{REDIS_URL}/{number}")
-        if client.set("resnet-test-lock", token, nx=True, ex=3600):
-            client.flushdb()
-            client.set("resnet-test-lock", token, ex=3600)
-            yield f"{REDIS_URL}/{number}"
-            client.flushdb()
-            client.close()
-            return
-        client.close()
-    raise RuntimeError("every Redis database 1-15 is held by another test run")
+    """A Redis database of this module's own, as a broker URL."""
+    with claimed_redis_db() as (_, url):
+        yield url
 
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[redis.Redis]:
-    """A Redis client on a database of this module's own, flushed afterwards."""
-    client, _ = claim_redis_db()
-    yield client
-    client.flushdb()
-    client.close()
+    """A Redis client on a database of this module's own."""
+    with claimed_redis_db() as (client, _):
+        yield client
 
 
 @pytest.fixture

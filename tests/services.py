@@ -21,6 +21,7 @@ from core.db.session import get_engine
 # The services CI starts (.ci/run); a test that needs one fails when it is down.
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379"
+REDIS_LOCK = "resnet-test-lock"  # marks a Redis database a test run holds
 
 
 def free_port() -> int:
@@ -51,16 +52,25 @@ def serve(app: ASGIApp) -> Iterator[str]:
         thread.join(30)
 
 
-def claim_redis_db() -> tuple[redis.Redis, str]:
-    """An empty Redis database 1..15, claimed with a marker key for this test run."""
+@contextmanager
+def claimed_redis_db() -> Iterator[tuple[redis.Redis, str]]:
+    """A Redis database 1..15 that no other test run holds (a lock key marks it), flushed
+    before and after; its client and URL."""
+    token = uuid.uuid4().hex
     for number in random.sample(range(1, 16), 15):
         url = f"{REDIS_URL}/{number}"
         client = redis.Redis.from_url(url)
-        # Empty: no worker of another run has declared its queue bindings there.
-        if client.dbsize() == 0 and client.set("resnet-test-claim", "api", nx=True, ex=600):
-            return client, url
+        if client.set(REDIS_LOCK, token, nx=True, ex=3600):
+            try:
+                client.flushdb()
+                client.set(REDIS_LOCK, token, ex=3600)  # the flush took the lock too
+                yield client, url
+            finally:
+                client.flushdb()
+                client.close()
+            return
         client.close()
-    raise RuntimeError("every Redis database 1..15 is claimed by another test run")
+    raise RuntimeError("every Redis database 1..15 is held by another test run")
 
 
 @contextmanager
