@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -27,12 +28,47 @@ class Settings(BaseSettings):
         False, description="Let torchvision download CIFAR/MNIST into DATA_DIR when missing."
     )
     auth_enabled: bool = Field(True, description="Require API keys (Authorization: Bearer ...).")
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names (optionally host:port; .example.com for its subdomains; * for "
+        "any) the API answers to, comma-separated. Empty: any host with auth on; with auth off "
+        "only the loopback names at the server's own port (127.0.0.1, localhost, [::1]).",
+    )
+    rate_limit_submits_per_minute: float = Field(
+        60.0,
+        ge=0,
+        le=100_000,
+        description="Submits (POST jobs, studies, dataset uploads) per minute per API key, or "
+        "per client address with auth off; 0 turns the limit off. Beyond it, 429.",
+    )
+    rate_limit_submit_burst: int = Field(
+        20, ge=1, le=10_000, description="Submits allowed at once before the rate applies."
+    )
+    stream_max_per_key: int = Field(
+        8, ge=1, le=1000, description="Open event streams per API key (or client); beyond, 429."
+    )
+    stream_max_total: int = Field(
+        256, ge=1, le=100_000, description="Open event streams of this API process; beyond, 503."
+    )
+    stream_max_seconds: float = Field(
+        3600.0,
+        ge=1,
+        le=86_400,
+        description="Longest life of one event stream; it then ends and the client resumes "
+        "with Last-Event-ID.",
+    )
     auth_cache_seconds: float = Field(
         2.0,
         ge=0,
         le=300,
         description="How long an API process reuses a key's check; a revocation through "
         "another API process takes effect within this time (through this one, at once).",
+    )
+    reads_owner_only: bool = Field(
+        False,
+        description="Lists and reads of jobs, studies, uploads and registered models show a "
+        "key only its own (admin keys see all); another's is 404. Off: every read key reads "
+        "all.",
     )
     lease_seconds: int = Field(60, ge=5, description="A running job's lease; heartbeats renew it.")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
@@ -121,6 +157,14 @@ class Settings(BaseSettings):
         description="How long an API process reuses a resolved model reference; a registry "
         "change made through another process reaches its predictions within this time.",
     )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        """ALLOWED_HOSTS as a comma-separated list (a list passes as is)."""
+        if isinstance(value, str):
+            return [host.strip().lower() for host in value.split(",") if host.strip()]
+        return value
 
 
 @lru_cache
