@@ -7,12 +7,16 @@ the data's normalisation and class names, and the loop's running-metric window.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
 import pickle
 import re
+import time
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +26,79 @@ import torch
 STEP_FILE = re.compile(r"step-(\d+)\.pt")
 BEST = "best.pt"
 DIRECTORY = "checkpoints"  # a run folder's checkpoints live here
+FENCE_FILE, LOCK_FILE = ".fence", ".lock"
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupted, or not what the database says it is."""
+
+
+class FencedOutError(CheckpointError):
+    """A newer owner holds the folder's fence: this writer may not touch its files."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A checkpoint folder's fencing token on disk: only its holder writes, prunes or moves best.
+
+    The service's next attempt of a job `take`s the fence with the job's (larger) fencing
+    token before it resumes; every save of an earlier attempt then fails its check, under an
+    exclusive lock of the folder, even if that attempt was paused (SIGSTOP) past its lease.
+    `confirm` runs under the lock before any file is touched (the service renews the lease
+    there and writes the metrics up to the checkpoint's step, or raises).
+    """
+
+    directory: Path
+    token: int
+    confirm: Callable[[], None] | None = None
+    wait_s: float = 60.0  # how long `take` waits for a writer that holds the lock
+
+    def take(self) -> None:
+        """Make this token the folder's; FencedOutError if a newer one holds it or the lock."""
+        with self._locked(self.wait_s):
+            if self._holder() > self.token:
+                raise FencedOutError(
+                    f"{self.directory} is fenced by a newer token {self._holder()}"
+                )
+            write_atomic(self.directory / FENCE_FILE, f"{self.token}\n".encode())
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the folder's lock while its token is still this one's (FencedOutError otherwise)."""
+        with self._locked(self.wait_s):
+            if self._holder() != self.token:
+                raise FencedOutError(
+                    f"{self.directory} is fenced by token {self._holder()}, not {self.token}: "
+                    "a newer attempt owns it"
+                )
+            if self.confirm is not None:
+                self.confirm()
+            yield
+
+    def _holder(self) -> int:
+        with suppress(FileNotFoundError, ValueError):
+            return int((self.directory / FENCE_FILE).read_text().strip())
+        return 0
+
+    @contextmanager
+    def _locked(self, wait_s: float) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        with (self.directory / LOCK_FILE).open("a") as lock:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise FencedOutError(
+                            f"{self.directory} stayed locked by another writer for {wait_s:.0f} s"
+                        ) from None
+                    time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -66,20 +139,34 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def save(
-    directory: Path, state: dict[str, Any], *, is_best: bool, keep_last: int
+    directory: Path,
+    state: dict[str, Any],
+    *,
+    is_best: bool,
+    keep_last: int,
+    fence: Fence | None = None,
 ) -> CheckpointInfo:
-    """Save `state` as `step-N.pt` (and `best.pt`), with a `.sha256` beside each file."""
+    """Save `state` as `step-N.pt` (and `best.pt`), with a `.sha256` beside each file.
+
+    With a `fence`, nothing is written or pruned unless the fence is still held.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     path = directory / f"step-{state['step']}.pt"
-    for target in [path, directory / BEST] if is_best else [path]:
-        write_atomic(target, data)
-        write_atomic(target.with_suffix(".sha256"), f"{digest}  {target.name}\n".encode())
-    _prune(directory, keep_last)
+    with fence.held() if fence is not None else _unfenced():
+        for target in [path, directory / BEST] if is_best else [path]:
+            write_atomic(target, data)
+            write_atomic(target.with_suffix(".sha256"), f"{digest}  {target.name}\n".encode())
+        _prune(directory, keep_last)
     return CheckpointInfo(path, digest, len(data), state["step"], state["epoch"], is_best)
+
+
+@contextmanager
+def _unfenced() -> Iterator[None]:
+    yield
 
 
 def _prune(directory: Path, keep_last: int) -> None:

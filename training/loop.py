@@ -94,6 +94,7 @@ def fit(
     info = data.info
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint_dir = out_dir / checkpoints.DIRECTORY
+    fence: checkpoints.Fence | None = getattr(sink, "fence", None)  # a service sink has one
     latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
     restored = checkpoints.load(latest) if latest is not None else None
     given, spec = spec.recipe, _as_used(spec, info, device, restored)
@@ -153,6 +154,14 @@ def fit(
     sink.on_event("info", describe_augmentation(given, spec))
     sink.on_event("info", f"memory format: {'channels_last' if channels_last else 'NCHW'}")
 
+    def save_checkpoint(*, is_best: bool) -> None:
+        saved = _checkpoint_state(spec, info, model, optimizer, scaler, state, window, per_epoch)
+        sink.on_checkpoint(
+            checkpoints.save(
+                checkpoint_dir, saved, is_best=is_best, keep_last=recipe.keep_last, fence=fence
+            )
+        )
+
     runner: nn.Module = torch.compile(model) if recipe.compile else model  # type: ignore[assignment]
     probe = BlockProbe(model)
     started = time.perf_counter()
@@ -187,22 +196,19 @@ def fit(
                     runner, eval_sets, info, state, step, epochs, sink, amp_dtype
                 )
                 evaluated_at = step
-            if step % checkpoint_every == 0 or step == total:
+            regular = step % checkpoint_every == 0 or step == total
+            if regular:
                 is_best = state.last_error <= state.best_error
                 state.best_error = min(state.best_error, state.last_error)
-                saved = checkpoints.save(
-                    checkpoint_dir,
-                    _checkpoint_state(
-                        spec, info, model, optimizer, scaler, state, window, per_epoch
-                    ),
-                    is_best=is_best,
-                    keep_last=recipe.keep_last,
-                )
-                sink.on_checkpoint(saved)
+                save_checkpoint(is_best=is_best)
             window.exclude(time.perf_counter() - pause)
             sink.on_progress(step, total)
             if step >= total or sink.should_stop():
                 stopped = step < total
+                if stopped and not regular:
+                    # Keep what was trained since the last checkpoint: a handed-back (or
+                    # retried) job resumes here. Not the best: only evaluated states are.
+                    save_checkpoint(is_best=False)
                 break
 
     if evaluated_at != state.step:
