@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from core import uploads
 from core.db.tables import ApiKey, Checkpoint, Event, Job
 from core.kinds import KINDS
 
@@ -330,6 +331,23 @@ class UploadOut(BaseModel):
     path: str = Field(examples=["uploads/3f2a..."])
     files: int
     bytes: int
+
+
+class UploadItem(UploadOut):
+    """An upload kept under DATA_DIR: its id (its archive's sha256) for DELETE, and its age."""
+
+    id: str = Field(examples=["3f2a..."])
+    created_at: datetime
+
+    @classmethod
+    def of(cls, upload: uploads.Upload) -> UploadItem:
+        return cls(
+            id=upload.id,
+            path=upload.path,
+            files=upload.files,
+            bytes=upload.bytes,
+            created_at=upload.created_at,
+        )
 
 
 class HealthOut(BaseModel):

@@ -80,6 +80,29 @@ class Settings(BaseSettings):
         1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
     )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
+    upload_max_unpacked_bytes: int = Field(
+        4 * 1024**3, ge=1024, description="Most bytes one uploaded archive may unpack to (413)."
+    )
+    upload_max_ratio: float = Field(
+        100.0,
+        ge=1,
+        le=100_000,
+        description="Most unpacked bytes per archive byte (images barely compress; a zip "
+        "bomb unpacks to thousands of times its size); beyond it, 413.",
+    )
+    upload_quota_bytes: int = Field(
+        20 * 1024**3,
+        ge=1024,
+        description="Unpacked bytes of uploads one owner (API key; with auth off, everyone "
+        "as one) may keep; an upload past it is 413 until some are deleted.",
+    )
+    checkpoint_free_margin_bytes: int = Field(
+        64 * 1024**2,
+        ge=0,
+        le=1024**4,
+        description="Free disk space a checkpoint write leaves beyond the checkpoint's own "
+        "size; with less free, the write is refused before it starts and the job fails.",
+    )
     device: str | None = Field(None, description="Worker device (cuda:0, cpu); default: auto.")
     migrate_on_start: bool = Field(
         False, description="Migrate the database when the API starts (the embedded mode)."
@@ -127,6 +150,13 @@ class Settings(BaseSettings):
     )
     predict_queue_size: int = Field(
         1024, ge=1, description="Requests waiting per model; beyond it, 503 with Retry-After."
+    )
+    predict_max_starting: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Model processes an API process starts at once; a request for another "
+        "model not yet loaded waits its turn (503 with Retry-After past the start timeout).",
     )
     predict_threads: int = Field(
         0,

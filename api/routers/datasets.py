@@ -1,22 +1,22 @@
-"""Datasets: what can be read here, and uploads of ImageFolder archives."""
+"""Datasets: what can be read here, and uploads of ImageFolder archives (list, delete)."""
 
 from __future__ import annotations
 
 import shutil
 import uuid
-from pathlib import Path
 
 from fastapi import APIRouter, UploadFile, status
 
-from api.deps import ReadKey, SettingsDep, TrainKey
-from api.errors import responses
-from api.schemas import DatasetOut, UploadOut
+from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.errors import TooLargeError, responses
+from api.schemas import DatasetOut, UploadItem, UploadOut
+from core import uploads
 from core.errors import InvalidError
-from training.datasets import available_datasets, unpack_archive
-from training.datasets.archives import ARCHIVE_SUFFIXES
+from core.settings import Settings
+from training.datasets import available_datasets
+from training.datasets.archives import ARCHIVE_SUFFIXES, ArchiveLimitError
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
-UPLOADS = "uploads"  # under DATA_DIR; each upload unpacks into uploads/<sha256>/
 
 
 @router.get("", summary="Datasets and what each needs", responses=responses(401, 403))
@@ -31,22 +31,58 @@ def list_datasets(settings: SettingsDep, _: ReadKey) -> list[DatasetOut]:
     summary="Upload an ImageFolder archive",
     responses=responses(401, 403, 413, 422),
 )
-def upload_dataset(file: UploadFile, settings: SettingsDep, _: TrainKey) -> UploadOut:
-    """Unpack a .zip/.tar/.tar.gz of class/image files safely; answers its dataset path."""
+def upload_dataset(file: UploadFile, settings: SettingsDep, key: TrainKey) -> UploadOut:
+    """Unpack a .zip/.tar/.tar.gz of class/image files safely; answers its dataset path.
+
+    413 when it would unpack past UPLOAD_MAX_UNPACKED_BYTES, past UPLOAD_MAX_RATIO times
+    its own size, or past what is left of the owner's UPLOAD_QUOTA_BYTES; nothing is kept.
+    """
     suffix = _archive_suffix(file.filename or "")
-    uploads = settings.data_dir / UPLOADS
-    uploads.mkdir(parents=True, exist_ok=True)
-    archive = uploads / f".upload-{uuid.uuid4().hex}{suffix}"
+    folder = uploads.folder(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / f".upload-{uuid.uuid4().hex}{suffix}"
     try:
         with archive.open("wb") as sink:
             shutil.copyfileobj(file.file, sink, 2**20)
-        folder = unpack_archive(archive, uploads)
-    except ValueError as error:
+        upload = uploads.store(archive, settings=settings, owner=key.key_id if key else None)
+    except ArchiveLimitError as error:
         reason = error.__cause__ or error  # without the server's temporary path
+        raise TooLargeError(
+            f"cannot unpack {file.filename}: {reason}{_limits(settings)}"
+        ) from error
+    except ValueError as error:
+        reason = error.__cause__ or error
         raise _invalid(f"cannot unpack {file.filename}: {reason}") from error
     finally:
         archive.unlink(missing_ok=True)
-    return _described(folder, settings.data_dir)
+    return UploadOut(path=upload.path, files=upload.files, bytes=upload.bytes)
+
+
+@router.get("/uploads", summary="The uploaded datasets", responses=responses(401, 403))
+def list_uploads(settings: SettingsDep, key: ReadKey) -> list[UploadItem]:
+    """Every unpacked upload, newest first, with its size and the quota it counts against."""
+    return [UploadItem.of(upload) for upload in uploads.list_all(settings)]
+
+
+@router.delete(
+    "/uploads/{upload_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Delete an upload's files",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def delete_upload(upload_id: str, session: SessionDep, settings: SettingsDep, _: TrainKey) -> None:
+    """Remove an upload (409 while a queued or running job reads it); frees its quota."""
+    uploads.delete(session=session, settings=settings, upload_id=upload_id)
+
+
+def _limits(settings: Settings) -> str:
+    """The limits an upload is held to, for a refusal's message."""
+    return (
+        f" (limits: UPLOAD_MAX_UNPACKED_BYTES {settings.upload_max_unpacked_bytes:,}, "
+        f"UPLOAD_MAX_RATIO {settings.upload_max_ratio:g}, UPLOAD_QUOTA_BYTES "
+        f"{settings.upload_quota_bytes:,} per owner; delete uploads you no longer need "
+        "with DELETE /api/v1/datasets/uploads/{id})"
+    )
 
 
 def _archive_suffix(filename: str) -> str:
@@ -55,19 +91,6 @@ def _archive_suffix(filename: str) -> str:
         if filename.lower().endswith(suffix):
             return suffix
     raise _invalid(f"{filename!r} is not a {'/'.join(ARCHIVE_SUFFIXES)} archive")
-
-
-def _described(folder: Path, data_dir: Path) -> UploadOut:
-    """The upload's dataset path and size; 422 (and nothing kept) when it holds no images."""
-    files = [path for path in folder.rglob("*") if path.is_file()]
-    if not files:
-        shutil.rmtree(folder)
-        raise _invalid("the archive holds no images (expected class/image files)")
-    return UploadOut(
-        path=folder.relative_to(data_dir).as_posix(),
-        files=len(files),
-        bytes=sum(path.stat().st_size for path in files),
-    )
 
 
 def _invalid(message: str) -> InvalidError:

@@ -1,8 +1,9 @@
 """Unpacking uploaded .zip/.tar/.tar.gz archives of image trees, safely, into a cache.
 
 An archive is checked whole before anything is written: absolute paths, `..`, links and
-devices, too many entries or too many bytes are refused. Its images are unpacked into a
-temporary folder that is renamed into place, so a failure leaves nothing half-written.
+devices, too many entries, too many bytes or too high a compression ratio (a zip bomb) are
+refused, and the bytes written are counted again while unpacking. Its images are unpacked
+into a temporary folder that is renamed into place, so a failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from training.datasets.images import is_image_name
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 MAX_ENTRIES = 200_000
 MAX_BYTES = 4 * 2**30  # total uncompressed size of the archive's files
+# Unpacked bytes per archive byte. Images are compressed already (PNG, JPEG, WebP), so a
+# dataset's archive unpacks to about its own size; a zip bomb to thousands of times it.
+MAX_RATIO = 100.0
 # What a damaged, encrypted or oddly compressed archive raises while being read, and
 # ValueError from the safety checks; either way the archive is refused.
 _FAILURES = (
@@ -39,6 +43,20 @@ _FAILURES = (
     RuntimeError,
     NotImplementedError,
 )
+
+
+class ArchiveLimitError(ValueError):
+    """An archive over an unpacking limit: its unpacked size, its ratio, or the room left."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one archive may unpack to; `room` is what its owner's quota has left, if bounded."""
+
+    max_entries: int = MAX_ENTRIES
+    max_bytes: int = MAX_BYTES
+    max_ratio: float = MAX_RATIO
+    room: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,19 +123,41 @@ def _entries(path: Path) -> Iterator[Iterator[Entry]]:
             yield _tar_entries(archive)
 
 
-def checked_images(entries: Iterator[Entry], max_entries: int, max_bytes: int) -> list[Entry]:
-    """The image files among `entries`, once every entry has passed the safety checks."""
+def checked_images(entries: Iterator[Entry], limits: Limits, packed: int) -> list[Entry]:
+    """The image files among `entries`, once every entry has passed the safety checks.
+
+    `packed` is the archive's own size in bytes, against which its ratio is measured.
+    """
     images, total = [], 0
     for count, entry in enumerate(entries, start=1):
         name = "/".join(entry.parts)
-        if count > max_entries:
-            raise ValueError(f"archive has more than {max_entries} entries (at {name!r})")
+        if count > limits.max_entries:
+            raise ArchiveLimitError(
+                f"archive has more than {limits.max_entries} entries (at {name!r})"
+            )
         total += entry.size
-        if total > max_bytes:
-            raise ValueError(f"archive unpacks to more than {max_bytes} bytes (at {name!r})")
+        _check_total(total, limits, packed, at=name)
         if entry.is_file and _wanted(entry.parts):
             images.append(entry)
     return images
+
+
+def _check_total(total: int, limits: Limits, packed: int, *, at: str) -> None:
+    """Refuse `total` unpacked bytes over the size limit, the ratio limit or the room left."""
+    if total > limits.max_bytes:
+        raise ArchiveLimitError(
+            f"archive unpacks to more than {limits.max_bytes} bytes (at {at!r})"
+        )
+    if total > limits.max_ratio * max(packed, 1):
+        raise ArchiveLimitError(
+            f"archive unpacks to more than {limits.max_ratio:g} times its {packed} bytes "
+            f"(at {at!r}): the compression ratio limit, which zip bombs exceed"
+        )
+    if limits.room is not None and total > limits.room:
+        raise ArchiveLimitError(
+            f"archive unpacks to more than the {max(limits.room, 0)} bytes left of the "
+            f"upload quota (at {at!r})"
+        )
 
 
 def _wanted(parts: tuple[str, ...]) -> bool:
@@ -126,13 +166,17 @@ def _wanted(parts: tuple[str, ...]) -> bool:
     return bool(parts) and not hidden and is_image_name(parts[-1])
 
 
-def _write(images: list[Entry], folder: Path) -> None:
-    """Copy the checked image entries into `folder`."""
+def _write(images: list[Entry], folder: Path, limits: Limits, packed: int) -> None:
+    """Copy the checked image entries into `folder`, counting the bytes actually written."""
+    written = 0
     for entry in images:
         target = folder.joinpath(*entry.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         with entry.opener() as source, target.open("wb") as sink:
-            shutil.copyfileobj(source, sink)
+            for block in iter(partial(source.read, 2**20), b""):
+                written += len(block)
+                _check_total(written, limits, packed, at="/".join(entry.parts))
+                sink.write(block)
 
 
 def sha256_of(path: Path) -> str:
@@ -145,24 +189,36 @@ def sha256_of(path: Path) -> str:
 
 
 def unpack_archive(
-    path: Path, cache: Path, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES
+    path: Path,
+    cache: Path,
+    *,
+    max_entries: int = MAX_ENTRIES,
+    max_bytes: int = MAX_BYTES,
+    limits: Limits | None = None,
 ) -> Path:
-    """Unpack the images of an archive into `cache/<sha256>/` (reused if there) and return it."""
+    """Unpack the images of an archive into `cache/<sha256>/` (reused if there) and return it.
+
+    `limits` (default: `max_entries` and `max_bytes` with the default ratio) bound what it
+    may unpack to; over one, `ArchiveLimitError` and nothing written.
+    """
+    limits = limits or Limits(max_entries=max_entries, max_bytes=max_bytes)
     target = cache / sha256_of(path)
     if target.is_dir():
         return target
+    packed = path.stat().st_size
     try:
         with _entries(path) as entries:
-            images = checked_images(entries, max_entries, max_bytes)
+            images = checked_images(entries, limits, packed)
             cache.mkdir(parents=True, exist_ok=True)
             scratch = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
             try:
-                _write(images, scratch)
+                _write(images, scratch, limits, packed)
                 scratch.rename(target)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)  # gone once renamed
     except _FAILURES as error:
         if target.is_dir():  # another process unpacked the same archive first
             return target
-        raise ValueError(f"cannot unpack archive {path}: {error}") from error
+        kind = ArchiveLimitError if isinstance(error, ArchiveLimitError) else ValueError
+        raise kind(f"cannot unpack archive {path}: {error}") from error
     return target

@@ -1,0 +1,142 @@
+"""Upload limits and upkeep: zip bombs and oversized archives refused with nothing kept, the
+per-owner quota, and listing and deleting uploads (not while a job reads them)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from core import uploads
+from core.settings import Settings
+from training.datasets.archives import ArchiveLimitError, Entry, Limits, _write
+
+DATASETS = "/api/v1/datasets"
+UPLOADS = f"{DATASETS}/uploads"
+KIB = 1024
+
+
+@pytest.fixture(scope="module")
+def settings(settings: Settings) -> Settings:
+    """Small limits, so that tests stay small: 40 KiB unpacked, ratio 20, quota 50 KiB."""
+    return settings.model_copy(
+        update={
+            "upload_max_unpacked_bytes": 40 * KIB,
+            "upload_max_ratio": 20.0,
+            "upload_quota_bytes": 50 * KIB,
+        }
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_uploads(settings: Settings) -> None:
+    """Each test starts with no uploads kept."""
+    shutil.rmtree(uploads.folder(settings), ignore_errors=True)
+
+
+def _zip(files: dict[str, bytes], method: int = zipfile.ZIP_STORED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=method) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _images(kib: int, tag: str) -> bytes:
+    """A stored (uncompressed) zip of two classes holding `kib` KiB of incompressible files."""
+    half = kib * KIB // 2
+    return _zip({f"{tag}/a/1.png": os.urandom(half), f"{tag}/b/1.png": os.urandom(half)})
+
+
+def _post(client: TestClient, name: str, data: bytes) -> dict[str, Any]:
+    response = client.post(DATASETS, files={"file": (name, data, "application/zip")})
+    return {"status": response.status_code, **response.json()}
+
+
+def _kept(settings: Settings) -> list[Path]:
+    """Every file and folder under DATA_DIR (temporary ones included)."""
+    return sorted(settings.data_dir.rglob("*")) if settings.data_dir.exists() else []
+
+
+def test_a_zip_bomb_is_refused_by_its_ratio_with_nothing_kept(
+    client: TestClient, settings: Settings
+) -> None:
+    bomb = _zip({"a/zeros.png": bytes(30 * KIB), "b/z.png": b"x"}, zipfile.ZIP_DEFLATED)
+    assert len(bomb) * 20 < 30 * KIB  # under the size limit, over the ratio
+    before = _kept(settings)
+    answer = _post(client, "bomb.zip", bomb)
+    assert answer["status"] == 413, answer
+    message = answer["error"]["message"]
+    assert "compression ratio" in message
+    assert "UPLOAD_MAX_RATIO 20" in message
+    assert str(settings.data_dir) not in message
+    assert [p for p in _kept(settings) if p not in before and p.is_file()] == []
+    assert not list(uploads.folder(settings).glob(".*"))  # no archive, no partial folder
+
+
+def test_an_archive_unpacking_past_the_size_limit_is_refused(
+    client: TestClient, settings: Settings
+) -> None:
+    answer = _post(client, "big.zip", _images(44, "big"))
+    assert answer["status"] == 413, answer
+    assert "more than 40960 bytes" in answer["error"]["message"]
+    assert "UPLOAD_MAX_UNPACKED_BYTES 40,960" in answer["error"]["message"]
+    assert uploads.list_all(settings) == []
+
+
+def test_bytes_are_counted_while_unpacking_whatever_the_header_says(tmp_path: Path) -> None:
+    lying = Entry(("a", "x.png"), 10, True, lambda: io.BytesIO(bytes(4 * KIB)))
+    with pytest.raises(ArchiveLimitError, match="more than 1000 bytes"):
+        _write([lying], tmp_path, Limits(max_bytes=1000), packed=1000)
+
+
+def test_the_quota_counts_what_is_kept_and_deleting_frees_it(
+    client: TestClient, settings: Settings
+) -> None:
+    first = _post(client, "one.zip", _images(20, "one"))
+    second = _post(client, "two.zip", _images(20, "two"))
+    assert (first["status"], second["status"]) == (201, 201)
+    third = _post(client, "three.zip", _images(20, "three"))
+    assert third["status"] == 413, third
+    assert "upload quota" in third["error"]["message"]
+    assert "UPLOAD_QUOTA_BYTES 51,200" in third["error"]["message"]
+
+    listed = client.get(UPLOADS).json()
+    assert {item["path"] for item in listed} == {first["path"], second["path"]}
+    assert all(item["bytes"] == 20 * KIB and item["files"] == 2 for item in listed)
+    first_id = next(item["id"] for item in listed if item["path"] == first["path"])
+    assert client.delete(f"{UPLOADS}/{first_id}").status_code == 204
+    assert not (settings.data_dir / first["path"]).exists()
+    assert _post(client, "three.zip", _images(20, "three"))["status"] == 201
+
+
+def test_an_upload_a_queued_job_reads_is_kept_until_the_job_ends(
+    client: TestClient, settings: Settings, queue: redis.Redis
+) -> None:
+    upload = _post(client, "shapes.zip", _images(4, "shapes"))
+    upload_id = Path(upload["path"]).name
+    dataset = {"name": "imagefolder", "path": f"{upload['path']}/shapes", "validation": 0}
+    job = {"kind": "train", "model": {"name": "resnet8"}, "dataset": dataset}
+    submitted = client.post("/api/v1/jobs", json=job)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+
+    refused = client.delete(f"{UPLOADS}/{upload_id}")
+    assert refused.status_code == 409
+    assert job_id in refused.json()["error"]["message"]
+    assert (settings.data_dir / upload["path"]).is_dir()
+
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    assert client.delete(f"{UPLOADS}/{upload_id}").status_code == 204
+    assert client.get(UPLOADS).json() == []
+    assert client.delete(f"{UPLOADS}/{upload_id}").status_code == 404
+    bad = client.delete(f"{UPLOADS}/..%2F..%2Fetc")
+    assert bad.status_code in (404, 422)
+    assert client.delete(f"{UPLOADS}/{'z' * 64}").status_code == 422
