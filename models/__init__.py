@@ -2,14 +2,16 @@
 
 from models.config import Architecture, UnitConfig
 from models.resnet import ResNet
-from models.zoo import build, describe, list_models, parse_name, resolve
+from models.zoo import Estimate, build, describe, estimate, list_models, parse_name, resolve
 
 __all__ = [
     "Architecture",
+    "Estimate",
     "ResNet",
     "UnitConfig",
     "build",
     "describe",
+    "estimate",
     "list_models",
     "parse_name",
     "resolve",

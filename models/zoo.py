@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -76,6 +76,24 @@ VARIANT_OPTIONS: dict[str, tuple[str, ...]] = {
     "shortcut_dropout": ("dropout",),
 }
 _NAME = re.compile(r"(?:(cifar|imagenet)_)?(resnet|plain|preact_resnet)(\d+)")
+# The papers' deepest nets bound a name's depth: a deeper one costs memory and hours to
+# build before training starts (ResNet-100004 passed 9.8 GB while its units were made).
+MAX_NAME_LENGTH = 40
+MAX_DEPTH: dict[Block, int] = {"basic": 1202, "bottleneck": 1001}  # ResNet-1202, ResNet-1001
+MAX_PREACT_DEPTH = 1001  # the 2016 paper's deepest pre-activation net
+_DEEPEST = (
+    f"the papers' deepest: {MAX_DEPTH['basic']} for 6n+2 basic nets (resnet1202), "
+    f"{MAX_DEPTH['bottleneck']} for 9n+2 bottleneck and pre-activation nets (preact_resnet1001)"
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one image costs a net: parameters, forward MACs, bytes kept for backward."""
+
+    params: int
+    macs: int
+    activation_bytes: int  # float32 tensors autograd saves in training mode, per image
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,7 @@ def describe(
     default_size = 32 if arch.stem == "cifar" else 224
     size = input_size or default_size
     _check_positive(input_size=size)
-    params, macs = _count(arch, num_classes, in_channels, size)
+    counted = _count(arch, num_classes, in_channels, size)
     parsed = parse_name(name)
     return {
         "name": name,
@@ -128,31 +146,91 @@ def describe(
         "shortcut_variant": arch.unit.shortcut_variant if arch.unit.residual else None,
         "num_classes": num_classes,
         "in_channels": in_channels,
-        "params": params,
-        "macs": macs,
+        "params": counted.params,
+        "macs": counted.macs,
         "input_size": size,
         "default_input_size": default_size,
     }
 
 
+def estimate(
+    name: str,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 3,
+    input_size: int | None = None,
+    **options: Any,
+) -> Estimate:
+    """Parameters, forward MACs and training activation bytes of `name`, per image.
+
+    Counted without building the net: see `_count`. `input_size` defaults to the net's own.
+    """
+    arch = resolve(name, **options)
+    _check_positive(num_classes=num_classes, in_channels=in_channels)
+    size = input_size or (32 if arch.stem == "cifar" else 224)
+    _check_positive(input_size=size)
+    return _count(arch, num_classes, in_channels, size)
+
+
 @functools.lru_cache(maxsize=256)
-def _count(arch: Architecture, num_classes: int, in_channels: int, size: int) -> tuple[int, int]:
-    """Parameters and multiply-accumulates of one forward pass on one image."""
+def _count(arch: Architecture, num_classes: int, in_channels: int, size: int) -> Estimate:
+    """The costs of `arch`, from nets of one and two units per stage.
+
+    The units of a stage after its first are identical, so every count is affine in the
+    units per stage: a net's count is the one-unit-per-stage net's plus, per stage, its
+    extra units times what one more unit there adds. ResNet-1202 takes 5 small meta nets
+    (0.1 s) instead of one of 1202 layers (4 s).
+    """
+    ones = (1,) * len(arch.layers)
+    base = _measure(replace(arch, layers=ones), num_classes, in_channels, size)
+    totals = list(base)
+    for stage, units in enumerate(arch.layers):
+        if units > 1:
+            layers = tuple(2 if i == stage else 1 for i in range(len(ones)))
+            more = _measure(replace(arch, layers=layers), num_classes, in_channels, size)
+            totals = [t + (units - 1) * (m - b) for t, m, b in zip(totals, more, base, strict=True)]
+    return Estimate(*totals)
+
+
+@functools.lru_cache(maxsize=256)
+def _measure(
+    arch: Architecture, num_classes: int, in_channels: int, size: int
+) -> tuple[int, int, int]:
+    """Parameters, MACs and saved activation bytes of one training forward pass, one image."""
     # Built on the meta device: shapes only, no memory, no arithmetic.
     with torch.device("meta"):
         model = ResNet(arch, num_classes=num_classes, in_channels=in_channels)
         image = torch.empty(1, in_channels, size, size)
-    model.eval()
-    # No autograd graph: a third less Python per layer (ResNet-1202: 3.5 s to 2.4 s).
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(image)
+    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        # One storage can be saved by several ops (a ReLU's output, the next conv's input);
+        # the weights a conv saves are parameters, not activations.
+        storage = tensor.untyped_storage()
+        if storage._cdata not in weights:
+            saved[storage._cdata] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        FlopCounterMode(display=False) as counter,
+    ):
+        output = model(image)  # held: the graph keeps every saved storage alive till here
+    del output
     params = sum(p.numel() for p in model.parameters())
     # The flop counter counts a multiply-add as 2 FLOPs; the papers' "FLOPs" are MACs.
-    return params, counter.get_total_flops() // 2
+    return params, counter.get_total_flops() // 2, sum(saved.values())
 
 
 def parse_name(name: str) -> ParsedName:
     """Split a model name into stem, family and depth, or explain what names exist."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"model name {name[:MAX_NAME_LENGTH]!r}... is {len(name)} characters long, over "
+            f"the limit of {MAX_NAME_LENGTH}; names are like resnet110 or preact_resnet1001"
+        )
     match = _NAME.fullmatch(name)
     if match is None:
         raise ValueError(
@@ -161,6 +239,11 @@ def parse_name(name: str) -> ParsedName:
         )
     prefix, family, digits = match.groups()
     depth = int(digits)
+    deepest = max(MAX_DEPTH.values())
+    if depth > deepest:
+        raise ValueError(
+            f"model {name!r}: depth {depth} is over the limit of {deepest} ({_DEEPEST})"
+        )
     stem: Stem
     if prefix is not None:
         stem = "cifar" if prefix == "cifar" else "imagenet"
@@ -211,8 +294,22 @@ def _cifar_layers(parsed: ParsedName, options: dict[str, Any]) -> tuple[Block, t
     block: Block = _choice(options, "block", BLOCKS, default=default)
     if not fits[block]:
         raise ValueError(_depth_message(parsed, block))
+    _check_depth(parsed, block)
     per_stage = (depth - 2) // (6 if block == "basic" else 9)
     return block, (per_stage,) * 3
+
+
+def _check_depth(parsed: ParsedName, block: Block) -> None:
+    """Refuse a CIFAR depth deeper than the papers' deepest net of its kind."""
+    limit = MAX_DEPTH[block]
+    if parsed.family == "preact_resnet":
+        limit = min(limit, MAX_PREACT_DEPTH)
+    if parsed.depth > limit:
+        kind = "pre-activation" if parsed.family == "preact_resnet" else block
+        raise ValueError(
+            f"model '{parsed.family}{parsed.depth}': depth {parsed.depth} is over the limit "
+            f"of {limit} for {kind} nets ({_DEEPEST})"
+        )
 
 
 def _depth_message(parsed: ParsedName, block: Block) -> str:

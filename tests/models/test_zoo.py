@@ -9,6 +9,7 @@ import pytest
 import torchvision
 
 import models
+from models.zoo import _measure
 
 # 2015 Table 6: exact parameter counts at 10 classes, options A and B.
 CIFAR_PARAMS = {
@@ -166,3 +167,65 @@ def test_macs_scale_with_the_input_size() -> None:
     assert (at_8["input_size"], at_8["default_input_size"]) == (8, 32)
     # Every conv runs on 1/16 of the positions; only the first conv's input channels change.
     assert at_8["macs"] == pytest.approx(at_32["macs"] / 16, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    [
+        ("resnet100004", 1202),
+        ("resnet1208", 1202),
+        ("plain1208", 1202),
+        ("preact_resnet1010", 1001),
+        ("preact_resnet1202", 1001),
+        ("resnet1010", 1001),  # 9n+2 from 164 on: bottleneck units
+        (f"resnet{2**31 + 4}", 1202),
+    ],
+)
+def test_depth_beyond_the_papers_deepest_is_refused_by_name(name: str, limit: int) -> None:
+    # Refused from the name alone: the tests would run out of memory if the net were built.
+    with pytest.raises(ValueError, match=f"is over the limit of {limit} "):
+        models.describe(name)
+    with pytest.raises(ValueError, match=f"is over the limit of {limit} "):
+        models.build(name)
+
+
+@pytest.mark.parametrize("name", ["resnet1202", "plain1202", "preact_resnet1001", "resnet1001"])
+def test_the_papers_deepest_nets_stay_within_the_limits(name: str) -> None:
+    digits = re.search(r"\d+$", name)
+    assert digits is not None
+    assert models.resolve(name).depth == int(digits.group())
+
+
+def test_a_long_name_is_refused_with_the_length_limit() -> None:
+    with pytest.raises(ValueError, match=f"is 46 characters long, over the limit of {40}"):
+        models.resolve("resnet" + "0" * 38 + "20")
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("resnet56", {"shortcut": "C"}),
+        ("preact_resnet164", {}),
+        ("resnet110", {"shortcut_variant": "exclusive_gating"}),
+        ("resnet50", {}),
+    ],
+)
+def test_estimates_equal_the_whole_net_counted(name: str, options: dict[str, Any]) -> None:
+    # `estimate` extrapolates from nets of one and two units per stage; it must equal
+    # the count of the whole net, which `_measure` builds on the meta device.
+    arch = models.resolve(name, **options)
+    whole = _measure(arch, 10, 3, 32 if arch.stem == "cifar" else 224)
+    found = models.estimate(name, **options)
+    assert (found.params, found.macs, found.activation_bytes) == whole
+    assert found.params == models.describe(name, **options)["params"]
+
+
+def test_activation_bytes_count_what_backward_keeps() -> None:
+    # ResNet-20 at 32x32: each conv's output is kept for its BN, and each ReLU's output for
+    # the next conv (the same tensor its own backward keeps): twice the conv outputs.
+    conv_outputs = 16 * 32 * 32 * 7 + 32 * 16 * 16 * 6 + 64 * 8 * 8 * 6
+    r20 = models.estimate("resnet20")
+    assert 2 * 4 * conv_outputs <= r20.activation_bytes <= 2.1 * 4 * conv_outputs
+    assert models.estimate("resnet110").activation_bytes > 5 * r20.activation_bytes
+    small = models.estimate("resnet20", input_size=16)
+    assert small.activation_bytes == pytest.approx(r20.activation_bytes / 4, rel=0.05)
