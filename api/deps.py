@@ -17,6 +17,7 @@ from api.model_cache import RefCache
 from core import keys
 from core.db.session import get_engine, session_scope
 from core.keys import Principal
+from core.owners import Caller
 from core.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: rs_<prefix>_<secret>.")
@@ -121,3 +122,20 @@ ReadKey = Annotated[Principal | None, Depends(_requires("read"))]
 TrainKey = Annotated[Principal | None, Depends(_requires("train"))]
 AdminKey = Annotated[Principal | None, Depends(_requires("admin"))]
 PredictKey = Annotated[Principal | None, Depends(_requires("predict"))]
+
+
+def _caller(scope: str) -> Callable[[Principal | None, Settings], Awaitable[Caller]]:
+    """A dependency: the caller (a key holding `scope`, or none with auth off) and its reads."""
+    requires = _requires(scope)
+
+    async def caller(
+        principal: Annotated[Principal | None, Depends(requires)], settings: SettingsDep
+    ) -> Caller:
+        return Caller(principal, own_reads_only=settings.reads_owner_only)
+
+    return caller
+
+
+# Who asks, for the services that check owners (core.owners): reads, and changes.
+ReadCaller = Annotated[Caller, Depends(_caller("read"))]
+TrainCaller = Annotated[Caller, Depends(_caller("train"))]

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from api.schemas import ErrorDetail, ErrorOut
-from core.errors import ConflictError, DomainError, InvalidError, NotFoundError
+from core.errors import ConflictError, DomainError, InvalidError, NotFoundError, NotOwnedError
 
 _CODES = {
     400: "bad_request",
@@ -87,6 +87,7 @@ class OverloadedError(ApiError):
 
 DOMAIN_STATUS: dict[type[DomainError], int] = {
     NotFoundError: 404,
+    NotOwnedError: 403,
     ConflictError: 409,
     InvalidError: 422,
 }

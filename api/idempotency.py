@@ -1,10 +1,13 @@
 """Idempotency-Key: a submission sent twice makes one row, and the second answer is the first.
 
-Jobs and studies keep the key in a unique column; a concurrent duplicate loses at commit.
+A key belongs to its owner (the API key that sent it; none with auth off): the same
+Idempotency-Key from two API keys makes two rows. Jobs and studies keep it unique per
+owner; a concurrent duplicate loses at commit.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import TypeVar
 
 from fastapi import Response, status
@@ -18,20 +21,25 @@ from core.errors import ConflictError
 Row = TypeVar("Row", Job, Study)
 
 
-def earlier(session: Session, table: type[Row], key: str | None) -> Row | None:
-    """The row an earlier submission with `key` made, if any."""
+def earlier(
+    session: Session, table: type[Row], key: str | None, owner: uuid.UUID | None
+) -> Row | None:
+    """The row an earlier submission of `owner` with `key` made, if any."""
     if key is None:
         return None
-    return session.scalars(select(table).where(table.idempotency_key == key)).one_or_none()
+    mine = table.owner_key_id.is_not_distinct_from(owner)
+    return session.scalars(select(table).where(table.idempotency_key == key, mine)).one_or_none()
 
 
-def commit_or_earlier(session: Session, table: type[Row], key: str | None) -> Row | None:
+def commit_or_earlier(
+    session: Session, table: type[Row], key: str | None, owner: uuid.UUID | None
+) -> Row | None:
     """Commit the new row; None, or the earlier row when a concurrent duplicate won."""
     try:
         session.commit()
-    except IntegrityError:  # the same key, submitted concurrently, won the race
+    except IntegrityError:  # the same key of the same owner, sent concurrently, won the race
         session.rollback()
-        found = earlier(session, table, key)
+        found = earlier(session, table, key, owner)
         if found is None:
             raise
         return found

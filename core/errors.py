@@ -23,6 +23,10 @@ class NotFoundError(DomainError):
     """What the request names does not exist (a job, a model, a version, an alias, a key)."""
 
 
+class NotOwnedError(DomainError):
+    """The caller's API key may not change what the request names: another key owns it."""
+
+
 class ConflictError(DomainError):
     """The request clashes with the current state (a running job, an alias in use)."""
 

@@ -30,6 +30,7 @@ from core.db.tables import (
 )
 from core.errors import ConflictError, NotFoundError
 from core.kinds.base import KindSpec
+from core.owners import ANYONE, Caller, check_owner, check_visible
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -55,11 +56,24 @@ class Point:
     epoch: float | None = None
 
 
-def get(*, session: Session, job_id: uuid.UUID) -> Job:
-    """The job, or `NotFoundError`."""
+def get(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:
+    """The job, or `NotFoundError` (also when the caller may not read it)."""
     job = session.get(Job, job_id)
+    missing = f"job {job_id} does not exist"
     if job is None:
-        raise NotFoundError(f"job {job_id} does not exist")
+        raise NotFoundError(missing)
+    check_visible(caller, job.owner_key_id, missing)
+    return job
+
+
+def _changeable(session: Session, job_id: uuid.UUID, caller: Caller, action: str) -> Job:
+    """The job, locked, if the caller may `action` it; else 404 or `NotOwnedError`."""
+    job = session.get(Job, job_id, with_for_update=True)
+    missing = f"job {job_id} does not exist"
+    if job is None:
+        raise NotFoundError(missing)
+    check_visible(caller, job.owner_key_id, missing)
+    check_owner(caller, job.owner_key_id, f"job {job_id}", action)
     return job
 
 
@@ -257,11 +271,9 @@ def _summary_columns(summary: dict[str, Any]) -> dict[str, Any]:
     return {key: summary.get(key) for key in keys}
 
 
-def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
+def request_cancel(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:
     """Cancel a queued job now; ask a running one to stop (its worker ends it)."""
-    job = session.get(Job, job_id, with_for_update=True)
-    if job is None:
-        raise NotFoundError(f"job {job_id} does not exist")
+    job = _changeable(session, job_id, caller, "cancel")
     if job.status in FINAL_STATUSES:
         raise ConflictError(f"job {job_id} is already {job.status}")
     if job.status == "queued":
@@ -273,11 +285,9 @@ def request_cancel(*, session: Session, job_id: uuid.UUID) -> Job:
     return job
 
 
-def delete(*, session: Session, job_id: uuid.UUID) -> Job:
+def delete(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:
     """Remove a job that is not running; its metrics, checkpoints and events cascade."""
-    job = session.get(Job, job_id, with_for_update=True)
-    if job is None:
-        raise NotFoundError(f"job {job_id} does not exist")
+    job = _changeable(session, job_id, caller, "delete")
     if job.status == "running":
         raise ConflictError(f"job {job_id} is running; cancel it first and delete it once it ends")
     serving = session.execute(

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from core import artifacts
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 from core.errors import ConflictError, InvalidError, NotFoundError
+from core.owners import ANYONE, Caller, check_owner, check_visible
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 ALIAS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -37,13 +38,19 @@ class Resolved:
 
 
 def register(
-    *, session: Session, name: str, job_id: uuid.UUID, checkpoint: str = "best"
+    *,
+    session: Session,
+    name: str,
+    job_id: uuid.UUID,
+    checkpoint: str = "best",
+    caller: Caller = ANYONE,
 ) -> ModelVersion:
-    """Add the next version of `name` (created on first use) from a succeeded job."""
+    """Add the next version of `name` (created on first use, owned by the caller) from a
+    succeeded job; only the model's owner (or an admin key) adds to an existing model."""
     if NAME.fullmatch(name) is None:
         raise InvalidError(f"model name {name!r} must match {NAME.pattern}", field=("path", "name"))
     job = session.get(Job, job_id)
-    if job is None or job.kind != "train":
+    if job is None or job.kind != "train" or not caller.sees(job.owner_key_id):
         raise InvalidError(
             f"job {job_id} is not a train job of this service", field=("body", "job")
         )
@@ -56,9 +63,10 @@ def register(
         )
     model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
     if model is None:
-        model = RegisteredModel(name=name)
+        model = RegisteredModel(name=name, owner_key_id=caller.owner)
         session.add(model)
         session.flush()
+    check_owner(caller, model.owner_key_id, f"model {name!r}", "add versions to")
     latest = session.scalar(
         select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id)
     )
@@ -70,16 +78,20 @@ def register(
         step=row.step,
         path=row.path,
         sha256=row.sha256,
+        owner_key_id=caller.owner,
     )
     session.add(version)
     session.flush()
     return version
 
 
-def set_alias(*, session: Session, name: str, alias: str, version: int) -> ModelAlias:
+def set_alias(
+    *, session: Session, name: str, alias: str, version: int, caller: Caller = ANYONE
+) -> ModelAlias:
     """Point `alias` at a version; moving it switches traffic for the next request."""
     if ALIAS.fullmatch(alias) is None:
         raise InvalidError(f"alias {alias!r} must match {ALIAS.pattern}", field=("path", "alias"))
+    _changeable(session, name, caller, "move aliases of")
     target = _version(session, name, version)
     row = session.get(ModelAlias, (target.model_id, alias))
     if row is None:
@@ -91,17 +103,18 @@ def set_alias(*, session: Session, name: str, alias: str, version: int) -> Model
     return row
 
 
-def delete_alias(*, session: Session, name: str, alias: str) -> None:
+def delete_alias(*, session: Session, name: str, alias: str, caller: Caller = ANYONE) -> None:
     """Remove an alias."""
-    model = get_model(session=session, name=name)
+    model = _changeable(session, name, caller, "remove aliases of")
     row = session.get(ModelAlias, (model.id, alias))
     if row is None:
         raise NotFoundError(f"model {name!r} has no alias {alias!r}")
     session.delete(row)
 
 
-def delete_version(*, session: Session, name: str, version: int) -> None:
+def delete_version(*, session: Session, name: str, version: int, caller: Caller = ANYONE) -> None:
     """Remove a version that no alias points to."""
+    _changeable(session, name, caller, "delete versions of")
     target = _version(session, name, version)
     aliases = session.scalars(select(ModelAlias.alias).where(ModelAlias.version_id == target.id))
     pointing = sorted(aliases)
@@ -160,11 +173,21 @@ def _resolve_name(session: Session, ref: str) -> Resolved:
     )
 
 
-def get_model(*, session: Session, name: str) -> RegisteredModel:
-    """The registered model called `name`, or `NotFoundError`."""
+def get_model(*, session: Session, name: str, caller: Caller = ANYONE) -> RegisteredModel:
+    """The registered model called `name`, or `NotFoundError` (also when the caller may not
+    read it)."""
     model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
+    missing = f"model {name!r} is not registered"
     if model is None:
-        raise NotFoundError(f"model {name!r} is not registered")
+        raise NotFoundError(missing)
+    check_visible(caller, model.owner_key_id, missing)
+    return model
+
+
+def _changeable(session: Session, name: str, caller: Caller, action: str) -> RegisteredModel:
+    """The model called `name` if the caller may `action` it; else 404 or `NotOwnedError`."""
+    model = get_model(session=session, name=name, caller=caller)
+    check_owner(caller, model.owner_key_id, f"model {name!r}", action)
     return model
 
 

@@ -56,16 +56,17 @@ def submit(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobOut:
     """Validate, commit the queued job, then put its id on the train queue (202)."""
-    found = idempotency.earlier(session, Job, idempotency_key)
+    owner = key.key_id if key else None
+    found = idempotency.earlier(session, Job, idempotency_key, owner)
     if found is None:
         job = jobs.create(
             session=session,
             spec=spec,
             max_attempts=settings.max_attempts,
-            owner_key_id=key.key_id if key else None,
+            owner_key_id=owner,
             idempotency_key=idempotency_key,
         )
-        found = idempotency.commit_or_earlier(session, Job, idempotency_key)
+        found = idempotency.commit_or_earlier(session, Job, idempotency_key, owner)
         if found is None:
             enqueue_committed([job.id], settings=settings)
             return JobOut.of(job)
@@ -219,5 +220,6 @@ def follow_job(
         poll_seconds=settings.stream_poll_seconds,
         last_event_id=last_event_id,
         since_step=since_step,
+        max_seconds=settings.stream_max_seconds,
     )
     return EventSourceResponse(stream, headers={"Cache-Control": "no-cache"})

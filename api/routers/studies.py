@@ -76,19 +76,20 @@ def submit(
     if dry_run:
         response.status_code = status.HTTP_200_OK
         return _preview(_request(body), settings)
-    found = idempotency.earlier(session, Study, idempotency_key)
+    owner = key.key_id if key else None
+    found = idempotency.earlier(session, Study, idempotency_key, owner)
     if found is None:
         study = service.create(
             session=session,
             request=_request(body),
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
-            owner_key_id=key.key_id if key else None,
+            owner_key_id=owner,
             idempotency_key=idempotency_key,
         )
         study.spec = {**study.spec, "request": body.model_dump(mode="json")}
         released = service.release(session=session, study_id=study.id)
-        found = idempotency.commit_or_earlier(session, Study, idempotency_key)
+        found = idempotency.commit_or_earlier(session, Study, idempotency_key, owner)
         if found is None:
             enqueue_committed(released, settings=settings)
             return _study_out(session, study)

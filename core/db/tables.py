@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -48,6 +49,22 @@ class Base(DeclarativeBase):
         datetime: DateTime(timezone=True),
         dict[str, Any]: JSON,
     }
+
+
+def _idempotent(table: str) -> tuple[UniqueConstraint, Index]:
+    """An Idempotency-Key is unique per owner, and once among the rows without an owner."""
+    # Two constraints: a plain unique one lets NULL owners repeat a key (NULLs differ).
+    anonymous = text("owner_key_id IS NULL")
+    return (
+        UniqueConstraint("owner_key_id", "idempotency_key"),
+        Index(
+            f"uq_{table}_idempotency_key_anonymous",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=anonymous,
+            sqlite_where=anonymous,
+        ),
+    )
 
 
 class Job(Base):
@@ -87,7 +104,9 @@ class Job(Base):
     wall_time_s: Mapped[float | None] = mapped_column(Double)
     images_per_s: Mapped[float | None] = mapped_column(Double)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    # The key that submitted it (None: auth off, or made before owners were kept); an
+    # Idempotency-Key is unique per owner (`_idempotent`).
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("api_key.id", ondelete="SET NULL")
     )
@@ -107,6 +126,7 @@ class Job(Base):
         Index("ix_job_model_name", "model_name"),
         Index("ix_job_dataset_name", "dataset_name"),
         Index("ix_job_study_id_cell", "study_id", "cell"),
+        *_idempotent("job"),
     )
 
 
@@ -126,11 +146,13 @@ class Study(Base):
     metric: Mapped[str] = mapped_column(String(32))  # the aggregate the papers' numbers meet
     max_parallel: Mapped[int] = mapped_column(Integer)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("api_key.id", ondelete="SET NULL")
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = _idempotent("study")
 
 
 class Metric(Base):
@@ -206,6 +228,11 @@ class RegisteredModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
+    # The key that registered its first version: only it (or an admin key) adds versions,
+    # moves aliases and deletes them.
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -223,6 +250,9 @@ class ModelVersion(Base):
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     sha256: Mapped[str] = mapped_column(String(64))
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(  # the key that registered it
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("model_id", "version"),)
@@ -239,3 +269,24 @@ class ModelAlias(Base):
     alias: Mapped[str] = mapped_column(String(64), primary_key=True)
     version_id: Mapped[int] = mapped_column(ForeignKey("model_version.id", ondelete="RESTRICT"))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Upload(Base):
+    """Who uploaded a dataset archive (its files: `DATA_DIR/uploads/<sha256>/`, see
+    `core.uploads`). The same archive sent by two keys is one folder and two rows."""
+
+    __tablename__ = "upload"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64))  # the upload's id: its archive's sha256
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
+    files: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # unpacked, what the owner's quota counts
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("sha256", "owner_key_id"),
+        Index("ix_upload_owner_key_id", "owner_key_id"),
+    )

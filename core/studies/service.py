@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from core import jobs
 from core.db.tables import FINAL_STATUSES, JOB_STATUSES, Job, Study, utcnow
 from core.errors import ConflictError, NotFoundError
+from core.owners import ANYONE, Caller, check_owner, check_visible
 from core.studies import grid, presets
 
 
@@ -108,11 +109,24 @@ def create(
     return study
 
 
-def get(*, session: Session, study_id: uuid.UUID) -> Study:
-    """The study, or `NotFoundError`."""
+def get(*, session: Session, study_id: uuid.UUID, caller: Caller = ANYONE) -> Study:
+    """The study, or `NotFoundError` (also when the caller may not read it)."""
     study = session.get(Study, study_id)
+    missing = f"study {study_id} does not exist"
     if study is None:
-        raise NotFoundError(f"study {study_id} does not exist")
+        raise NotFoundError(missing)
+    check_visible(caller, study.owner_key_id, missing)
+    return study
+
+
+def _changeable(session: Session, study_id: uuid.UUID, caller: Caller, action: str) -> Study:
+    """The study, locked, if the caller may `action` it; else 404 or `NotOwnedError`."""
+    study = session.get(Study, study_id, with_for_update=True)
+    missing = f"study {study_id} does not exist"
+    if study is None:
+        raise NotFoundError(missing)
+    check_visible(caller, study.owner_key_id, missing)
+    check_owner(caller, study.owner_key_id, f"study {study_id}", action)
     return study
 
 
@@ -179,11 +193,9 @@ def state(study: Study, by_status: dict[str, int]) -> str:
     return "succeeded" if by_status["succeeded"] else "failed"
 
 
-def cancel(*, session: Session, study_id: uuid.UUID) -> Study:
+def cancel(*, session: Session, study_id: uuid.UUID, caller: Caller = ANYONE) -> Study:
     """Cancel every unfinished job: held and queued ones now, running ones at their next check."""
-    study = session.get(Study, study_id, with_for_update=True)
-    if study is None:
-        raise NotFoundError(f"study {study_id} does not exist")
+    study = _changeable(session, study_id, caller, "cancel")
     unfinished = list(
         session.scalars(
             select(Job.id).where(Job.study_id == study_id, Job.status.in_(("queued", "running")))
@@ -197,9 +209,9 @@ def cancel(*, session: Session, study_id: uuid.UUID) -> Study:
     return study
 
 
-def delete(*, session: Session, study_id: uuid.UUID) -> list[uuid.UUID]:
+def delete(*, session: Session, study_id: uuid.UUID, caller: Caller = ANYONE) -> list[uuid.UUID]:
     """Remove the study and its jobs (none may be running); the ids whose files to remove."""
-    study = get(session=session, study_id=study_id)
+    study = _changeable(session, study_id, caller, "delete")
     job_ids = list(session.scalars(select(Job.id).where(Job.study_id == study_id)))
     for job_id in job_ids:
         jobs.delete(session=session, job_id=job_id)
