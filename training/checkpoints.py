@@ -13,6 +13,7 @@ import io
 import os
 import pickle
 import re
+import shutil
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -27,10 +28,16 @@ STEP_FILE = re.compile(r"step-(\d+)\.pt")
 BEST = "best.pt"
 DIRECTORY = "checkpoints"  # a run folder's checkpoints live here
 FENCE_FILE, LOCK_FILE = ".fence", ".lock"
+# Free space a checkpoint write leaves beyond its own size (CHECKPOINT_FREE_MARGIN_BYTES).
+FREE_MARGIN_BYTES = 64 * 2**20
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupted, or not what the database says it is."""
+
+
+class DiskFullError(OSError):
+    """Too little free disk space for a checkpoint: refused before anything was written."""
 
 
 class FencedOutError(CheckpointError):
@@ -124,18 +131,46 @@ def sha256_of(path: Path) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file or the new, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    # The rename itself is durable only once the directory entry is on disk.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    write_all({path: data})
+
+
+def write_all(files: dict[Path, bytes]) -> None:
+    """Write each file atomically, and none unless every one was staged in full.
+
+    Every file is first written whole to a temporary file beside it (a full disk fails
+    here, and the temporary files go); only then are they renamed into place.
+    """
+    staged: dict[Path, Path] = {}
     try:
-        os.fsync(dir_fd)
+        for path, data in files.items():
+            staged[path] = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            with staged[path].open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
     finally:
-        os.close(dir_fd)
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)  # gone once renamed
+    # The renames themselves are durable only once the directory entries are on disk.
+    for directory in {path.parent for path in files}:
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def ensure_free_space(directory: Path, needed: int, margin: int, name: str) -> None:
+    """Raise `DiskFullError` unless `needed` bytes plus `margin` are free where `directory` is."""
+    free = shutil.disk_usage(directory).free
+    if free < needed + margin:
+        raise DiskFullError(
+            f"not enough free disk space to write checkpoint {name}: it needs {needed:,} "
+            f"bytes and a margin of {margin:,} (CHECKPOINT_FREE_MARGIN_BYTES), {free:,} are "
+            "free; the checkpoints written before are intact: free some space, then resume"
+        )
 
 
 def save(
@@ -145,10 +180,13 @@ def save(
     is_best: bool,
     keep_last: int,
     fence: Fence | None = None,
+    free_margin: int = FREE_MARGIN_BYTES,
 ) -> CheckpointInfo:
     """Save `state` as `step-N.pt` (and `best.pt`), with a `.sha256` beside each file.
 
-    With a `fence`, nothing is written or pruned unless the fence is still held.
+    With a `fence`, nothing is written or pruned unless the fence is still held. Without
+    the checkpoint's size plus `free_margin` free on its disk, `DiskFullError` and nothing
+    written; a write that still runs out of space leaves the files as they were.
     """
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
@@ -156,10 +194,13 @@ def save(
     data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     path = directory / f"step-{state['step']}.pt"
+    files: dict[Path, bytes] = {}
+    for target in [path, directory / BEST] if is_best else [path]:
+        files[target] = data
+        files[target.with_suffix(".sha256")] = f"{digest}  {target.name}\n".encode()
+    ensure_free_space(directory, sum(map(len, files.values())), free_margin, path.name)
     with fence.held() if fence is not None else _unfenced():
-        for target in [path, directory / BEST] if is_best else [path]:
-            write_atomic(target, data)
-            write_atomic(target.with_suffix(".sha256"), f"{digest}  {target.name}\n".encode())
+        write_all(files)
         _prune(directory, keep_last)
     return CheckpointInfo(path, digest, len(data), state["step"], state["epoch"], is_best)
 

@@ -85,11 +85,13 @@ def fit(
     sink: EventSink,
     device: torch.device | None = None,
     resume: bool = True,
+    free_margin: int = checkpoints.FREE_MARGIN_BYTES,
 ) -> dict[str, Any]:
     """Train `spec` on `data`, checkpointing to `out_dir/checkpoints`; return the summary.
 
     The spec as used, its defaults resolved for the data and the device, goes to
-    `out_dir/spec.json` and into every checkpoint.
+    `out_dir/spec.json` and into every checkpoint. A checkpoint is written only with its
+    size plus `free_margin` bytes free on its disk (else `checkpoints.DiskFullError`).
     """
     info = data.info
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,7 +160,12 @@ def fit(
         saved = _checkpoint_state(spec, info, model, optimizer, scaler, state, window, per_epoch)
         sink.on_checkpoint(
             checkpoints.save(
-                checkpoint_dir, saved, is_best=is_best, keep_last=recipe.keep_last, fence=fence
+                checkpoint_dir,
+                saved,
+                is_best=is_best,
+                keep_last=recipe.keep_last,
+                fence=fence,
+                free_margin=free_margin,
             )
         )
 

@@ -32,18 +32,28 @@ def train(
     download: bool = False,
     resume: bool = True,
     prepare: Callable[[LoadedDataset], None] | None = None,
+    free_margin: int = checkpoints.FREE_MARGIN_BYTES,
 ) -> dict[str, Any]:
     """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`.
 
     `prepare` sees the loaded dataset before training starts (the service sets the job's
-    time limits from it). `spec.json` is the spec as used, defaults resolved (`fit` writes
-    it). The summary's non-finite numbers are None, as JSON has no NaN.
+    time limits from it). A checkpoint needs its size plus `free_margin` bytes free.
+    `spec.json` is the spec as used, defaults resolved (`fit` writes it). The summary's
+    non-finite numbers are None, as JSON has no NaN.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     data = load_dataset(spec.dataset, data_root=data_root, download=download)
     if prepare is not None:
         prepare(data)
-    fitted = fit(spec, data, out_dir=out_dir, sink=sink, device=device, resume=resume)
+    fitted = fit(
+        spec,
+        data,
+        out_dir=out_dir,
+        sink=sink,
+        device=device,
+        resume=resume,
+        free_margin=free_margin,
+    )
     summary: dict[str, Any] = json_safe(fitted)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -42,6 +42,7 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
         download=settings.allow_downloads,
         resume=True,
         prepare=lambda data: context.set_budget(*budget(spec, data)),
+        free_margin=settings.checkpoint_free_margin_bytes,
     )
 
 
