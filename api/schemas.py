@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core import uploads
-from core.db.tables import ApiKey, Checkpoint, Event, Job
+from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
 from core.kinds import KINDS
 
 Scope = Literal["read", "train", "predict", "admin"]
@@ -97,6 +97,9 @@ class JobItem(BaseModel):
     study: uuid.UUID | None = Field(None, description="The study the job is a cell of.")
     cell: int | None = Field(None, description="Its cell in the study's grid.")
     held: bool = Field(False, description="Queued but waiting for its study's turn.")
+    owner: uuid.UUID | None = Field(
+        None, description="The API key that made it (its id); null: made with auth off."
+    )
     attempt: int
     max_attempts: int
     worker: str | None
@@ -147,6 +150,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "study": job.study_id,
         "cell": job.cell,
         "held": job.held,
+        "owner": job.owner_key_id,
         "progress": {"step": job.step, "total_steps": job.total_steps},
         "results": results,
         "links": JobLinks.of(job.id),
@@ -334,19 +338,23 @@ class UploadOut(BaseModel):
 
 
 class UploadItem(UploadOut):
-    """An upload kept under DATA_DIR: its id (its archive's sha256) for DELETE, and its age."""
+    """An upload: its id (its archive's sha256) for DELETE, its owner and when it came."""
 
     id: str = Field(examples=["3f2a..."])
+    owner: uuid.UUID | None = Field(
+        None, description="The API key that sent it (its id); null: sent with auth off."
+    )
     created_at: datetime
 
     @classmethod
-    def of(cls, upload: uploads.Upload) -> UploadItem:
+    def of(cls, row: Upload) -> UploadItem:
         return cls(
-            id=upload.id,
-            path=upload.path,
-            files=upload.files,
-            bytes=upload.bytes,
-            created_at=upload.created_at,
+            id=row.sha256,
+            path=uploads.path_of(row.sha256),
+            files=row.files,
+            bytes=row.bytes,
+            owner=row.owner_key_id,
+            created_at=row.created_at,
         )
 
 
@@ -425,6 +433,9 @@ class VersionOut(BaseModel):
     dataset: str | None
     test_error: float | None = Field(description="The job's best or final test error (0..1).")
     params: int | None
+    owner: uuid.UUID | None = Field(
+        None, description="The API key that made it (its id); null: made with auth off."
+    )
     created_at: datetime
 
 
@@ -440,6 +451,11 @@ class RegisteredModelOut(BaseModel):
     """A named model with its versions (oldest first) and aliases."""
 
     name: str
+    owner: uuid.UUID | None = Field(
+        None,
+        description="The API key that registered its first version; only it (or an admin "
+        "key) adds versions and moves aliases. Null: registered with auth off.",
+    )
     created_at: datetime
     versions: list[VersionOut]
     aliases: list[AliasOut]
@@ -645,6 +661,9 @@ class StudyItem(BaseModel):
     state: str
     counts: StudyCounts
     max_parallel: int
+    owner: uuid.UUID | None = Field(
+        None, description="The API key that made it (its id); null: made with auth off."
+    )
     created_at: datetime
 
 

@@ -1,9 +1,11 @@
 """Dataset uploads: ImageFolder archives unpacked under `DATA_DIR/uploads/<sha256>/`.
 
-An upload's id is its archive's sha256 (the same archive uploaded twice is one upload).
-Unpacking is bounded per archive (`UPLOAD_MAX_UNPACKED_BYTES`, `UPLOAD_MAX_RATIO`) and per
-owner (`UPLOAD_QUOTA_BYTES`: the unpacked bytes an owner keeps). An upload a queued or
-running job reads cannot be deleted.
+An upload's id is its archive's sha256. The files are kept once per archive; each owner
+(API key, or none with auth off) that sent it has a row (`core.db.tables.Upload`) with
+the unpacked bytes its quota (`UPLOAD_QUOTA_BYTES`) counts. Unpacking is bounded per
+archive (`UPLOAD_MAX_UNPACKED_BYTES`, `UPLOAD_MAX_RATIO`) and by the room the owner has
+left. An upload a queued or running job reads cannot be deleted; its files go with its
+last row.
 """
 
 from __future__ import annotations
@@ -11,33 +13,22 @@ from __future__ import annotations
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from core.db.tables import Job
+from core.db.tables import Upload as Row
 from core.errors import ConflictError, InvalidError, NotFoundError
+from core.owners import Caller, check_owner
 from core.settings import Settings
-from training.datasets.archives import Limits, unpack_archive
+from training.datasets.archives import Limits, sha256_of, unpack_archive
 
 FOLDER = "uploads"  # under DATA_DIR
 _ID = re.compile(r"[0-9a-f]{64}")
 ACTIVE = ("queued", "running")
-
-
-@dataclass(frozen=True)
-class Upload:
-    """An unpacked upload: its id, its dataset path (relative to DATA_DIR) and its size."""
-
-    id: str
-    path: str
-    files: int
-    bytes: int
-    created_at: datetime
 
 
 def folder(settings: Settings) -> Path:
@@ -45,59 +36,60 @@ def folder(settings: Settings) -> Path:
     return settings.data_dir / FOLDER
 
 
-def describe(settings: Settings, tree: Path) -> Upload:
-    """An unpacked upload's row, read from its folder."""
-    files = [path for path in tree.rglob("*") if path.is_file()]
-    return Upload(
-        id=tree.name,
-        path=tree.relative_to(settings.data_dir).as_posix(),
-        files=len(files),
-        bytes=sum(path.stat().st_size for path in files),
-        created_at=datetime.fromtimestamp(tree.stat().st_mtime, UTC),
-    )
+def path_of(upload_id: str) -> str:
+    """An upload's dataset path, relative to DATA_DIR (a job's `dataset.path`)."""
+    return f"{FOLDER}/{upload_id}"
 
 
-def list_all(settings: Settings) -> list[Upload]:
-    """Every unpacked upload, newest first (half-written ones are not uploads)."""
-    root = folder(settings)
-    if not root.is_dir():
-        return []
-    trees = [tree for tree in root.iterdir() if tree.is_dir() and _ID.fullmatch(tree.name)]
-    uploads = [describe(settings, tree) for tree in trees]
-    return sorted(uploads, key=lambda upload: upload.created_at, reverse=True)
+def _owned_by(owner: uuid.UUID | None) -> ColumnElement[bool]:
+    return Row.owner_key_id.is_(None) if owner is None else Row.owner_key_id == owner
 
 
-def usage(settings: Settings, owner: uuid.UUID | None) -> int:
-    """The unpacked bytes `owner` keeps in uploads (None: the anonymous owner)."""
-    # Uploads record no owner yet: every upload counts against the one quota of whoever
-    # asks. Once uploads have an owner, sum only `owner`'s here.
-    del owner
-    return sum(upload.bytes for upload in list_all(settings))
+def usage(*, session: Session, owner: uuid.UUID | None) -> int:
+    """The unpacked bytes of the uploads `owner` keeps (None: the owner of auth-off uploads)."""
+    total = select(func.coalesce(func.sum(Row.bytes), 0)).where(_owned_by(owner))
+    return int(session.scalar(total) or 0)
 
 
-def store(archive: Path, *, settings: Settings, owner: uuid.UUID | None) -> Upload:
-    """Unpack an uploaded archive within the limits and `owner`'s quota; its upload.
+def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UUID | None) -> Row:
+    """Unpack an uploaded archive within the limits and `owner`'s quota; its row (flushed).
 
     Over a limit: `ArchiveLimitError` (from `training.datasets.archives`), nothing kept.
-    No images: `InvalidError`, nothing kept.
+    No images: `InvalidError`, nothing kept. An archive `owner` sent before is its row.
     """
+    upload_id = sha256_of(archive)
+    kept = session.scalars(select(Row).where(Row.sha256 == upload_id, _owned_by(owner))).first()
+    if kept is not None and (folder(settings) / upload_id).is_dir():
+        return kept
     limits = Limits(
         max_bytes=settings.upload_max_unpacked_bytes,
         max_ratio=settings.upload_max_ratio,
-        room=settings.upload_quota_bytes - usage(settings, owner),
+        room=settings.upload_quota_bytes - usage(session=session, owner=owner),
     )
     tree = unpack_archive(archive, folder(settings), limits=limits)
-    upload = describe(settings, tree)
-    if upload.files == 0:
+    files = [path for path in tree.rglob("*") if path.is_file()]
+    if not files:
         shutil.rmtree(tree)
         raise InvalidError(
             "the archive holds no images (expected class/image files)", field=("body", "file")
         )
-    return upload
+    row = kept or Row(sha256=upload_id, owner_key_id=owner)
+    row.files, row.bytes = len(files), sum(path.stat().st_size for path in files)
+    session.add(row)
+    session.flush()
+    return row
 
 
-def users(*, session: Session, settings: Settings, upload_id: str) -> list[uuid.UUID]:
-    """The queued and running jobs whose dataset lies in the upload."""
+def visible(*, session: Session, caller: Caller) -> list[Row]:
+    """The upload rows `caller` may read, newest first."""
+    query = select(Row).order_by(Row.created_at.desc(), Row.id.desc())
+    if caller.reads_of is not None:
+        query = query.where(Row.owner_key_id == caller.reads_of)
+    return list(session.scalars(query))
+
+
+def readers(*, session: Session, settings: Settings, upload_id: str) -> list[uuid.UUID]:
+    """The queued and running jobs whose dataset lies in the upload's folder."""
     tree = (folder(settings) / upload_id).resolve()
     rows = session.execute(select(Job.id, Job.spec).where(Job.status.in_(ACTIVE))).all()
     return [job_id for job_id, spec in rows if _reads(spec, settings.data_dir, tree)]
@@ -110,21 +102,30 @@ def _reads(spec: dict[str, Any], data_dir: Path, tree: Path) -> bool:
     return isinstance(path, str) and (data_dir.resolve() / path).resolve().is_relative_to(tree)
 
 
-def delete(*, session: Session, settings: Settings, upload_id: str) -> None:
-    """Remove an upload's files, unless a queued or running job reads them."""
+def delete(*, session: Session, settings: Settings, caller: Caller, upload_id: str) -> Path | None:
+    """Remove the caller's row of an upload; the folder to remove once committed, if no
+    row is left (a folder older than the rows has none: only an admin key removes it)."""
     if not _ID.fullmatch(upload_id):
         raise InvalidError(
-            f"{upload_id!r} is not an upload id (the 64 hex digits of its sha256)",
+            f"{upload_id!r} is not an upload id (the 64 hex digits of its archive's sha256)",
             field=("path", "upload_id"),
         )
     tree = folder(settings) / upload_id
-    if not tree.is_dir():
+    rows = list(session.scalars(select(Row).where(Row.sha256 == upload_id)))
+    seen = [row for row in rows if caller.sees(row.owner_key_id)]
+    if not seen and (rows or not tree.is_dir()):
         raise NotFoundError(f"upload {upload_id} does not exist")
-    active = users(session=session, settings=settings, upload_id=upload_id)
+    mine = [row for row in seen if caller.may_change(row.owner_key_id)]
+    if not mine:
+        check_owner(caller, seen[0].owner_key_id if seen else None, f"upload {upload_id}", "delete")
+    active = readers(session=session, settings=settings, upload_id=upload_id)
     if active:
         named = ", ".join(str(job_id) for job_id in active[:5])
         raise ConflictError(
             f"upload {upload_id} is the dataset of {len(active)} queued or running job(s) "
             f"({named}); cancel them or wait until they end, then delete it"
         )
-    shutil.rmtree(tree)
+    for row in mine:
+        session.delete(row)
+    session.flush()
+    return tree if len(mine) == len(rows) else None

@@ -7,7 +7,7 @@ import uuid
 
 from fastapi import APIRouter, UploadFile, status
 
-from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import TooLargeError, responses
 from api.schemas import DatasetOut, UploadItem, UploadOut
 from core import uploads
@@ -31,7 +31,9 @@ def list_datasets(settings: SettingsDep, _: ReadKey) -> list[DatasetOut]:
     summary="Upload an ImageFolder archive",
     responses=responses(401, 403, 413, 422),
 )
-def upload_dataset(file: UploadFile, settings: SettingsDep, key: TrainKey) -> UploadOut:
+def upload_dataset(
+    file: UploadFile, session: SessionDep, settings: SettingsDep, caller: TrainCaller
+) -> UploadOut:
     """Unpack a .zip/.tar/.tar.gz of class/image files safely; answers its dataset path.
 
     413 when it would unpack past UPLOAD_MAX_UNPACKED_BYTES, past UPLOAD_MAX_RATIO times
@@ -44,7 +46,7 @@ def upload_dataset(file: UploadFile, settings: SettingsDep, key: TrainKey) -> Up
     try:
         with archive.open("wb") as sink:
             shutil.copyfileobj(file.file, sink, 2**20)
-        upload = uploads.store(archive, settings=settings, owner=key.key_id if key else None)
+        row = uploads.store(archive, session=session, settings=settings, owner=caller.owner)
     except ArchiveLimitError as error:
         reason = error.__cause__ or error  # without the server's temporary path
         raise TooLargeError(
@@ -55,24 +57,30 @@ def upload_dataset(file: UploadFile, settings: SettingsDep, key: TrainKey) -> Up
         raise _invalid(f"cannot unpack {file.filename}: {reason}") from error
     finally:
         archive.unlink(missing_ok=True)
-    return UploadOut(path=upload.path, files=upload.files, bytes=upload.bytes)
+    return UploadOut(path=uploads.path_of(row.sha256), files=row.files, bytes=row.bytes)
 
 
 @router.get("/uploads", summary="The uploaded datasets", responses=responses(401, 403))
-def list_uploads(settings: SettingsDep, key: ReadKey) -> list[UploadItem]:
-    """Every unpacked upload, newest first, with its size and the quota it counts against."""
-    return [UploadItem.of(upload) for upload in uploads.list_all(settings)]
+def list_uploads(session: SessionDep, caller: ReadCaller) -> list[UploadItem]:
+    """The uploads (each owner's row), newest first, with the bytes each owner's quota counts."""
+    return [UploadItem.of(row) for row in uploads.visible(session=session, caller=caller)]
 
 
 @router.delete(
     "/uploads/{upload_id}",
     status_code=status.HTTP_204_NO_CONTENT,
-    summary="Delete an upload's files",
+    summary="Delete an upload",
     responses=responses(401, 403, 404, 409, 422),
 )
-def delete_upload(upload_id: str, session: SessionDep, settings: SettingsDep, _: TrainKey) -> None:
-    """Remove an upload (409 while a queued or running job reads it); frees its quota."""
-    uploads.delete(session=session, settings=settings, upload_id=upload_id)
+def delete_upload(
+    upload_id: str, session: SessionDep, settings: SettingsDep, caller: TrainCaller
+) -> None:
+    """Remove the caller's upload (409 while a queued or running job reads it), freeing its
+    quota; its files go when no other owner keeps the same archive."""
+    tree = uploads.delete(session=session, settings=settings, caller=caller, upload_id=upload_id)
+    session.commit()  # the rows go first: a failed commit leaves the files in place
+    if tree is not None:
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def _limits(settings: Settings) -> str:

@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from sqlalchemy import delete
 
 from core import uploads
+from core.db.session import session_scope
+from core.db.tables import Upload
 from core.settings import Settings
+from tests.api.helpers import make_key
 from training.datasets.archives import ArchiveLimitError, Entry, Limits, _write
 
 DATASETS = "/api/v1/datasets"
@@ -39,6 +43,8 @@ def settings(settings: Settings) -> Settings:
 def no_uploads(settings: Settings) -> None:
     """Each test starts with no uploads kept."""
     shutil.rmtree(uploads.folder(settings), ignore_errors=True)
+    with session_scope(settings.database_url) as session:
+        session.execute(delete(Upload))
 
 
 def _zip(files: dict[str, bytes], method: int = zipfile.ZIP_STORED) -> bytes:
@@ -88,7 +94,8 @@ def test_an_archive_unpacking_past_the_size_limit_is_refused(
     assert answer["status"] == 413, answer
     assert "more than 40960 bytes" in answer["error"]["message"]
     assert "UPLOAD_MAX_UNPACKED_BYTES 40,960" in answer["error"]["message"]
-    assert uploads.list_all(settings) == []
+    assert client.get(UPLOADS).json() == []
+    assert not list(uploads.folder(settings).iterdir())
 
 
 def test_bytes_are_counted_while_unpacking_whatever_the_header_says(tmp_path: Path) -> None:
@@ -97,7 +104,7 @@ def test_bytes_are_counted_while_unpacking_whatever_the_header_says(tmp_path: Pa
         _write([lying], tmp_path, Limits(max_bytes=1000), packed=1000)
 
 
-def test_the_quota_counts_what_is_kept_and_deleting_frees_it(
+def test_each_owner_has_a_quota_of_what_it_keeps_and_deleting_frees_it(
     client: TestClient, settings: Settings
 ) -> None:
     first = _post(client, "one.zip", _images(20, "one"))
@@ -108,13 +115,38 @@ def test_the_quota_counts_what_is_kept_and_deleting_frees_it(
     assert "upload quota" in third["error"]["message"]
     assert "UPLOAD_QUOTA_BYTES 51,200" in third["error"]["message"]
 
-    listed = client.get(UPLOADS).json()
-    assert {item["path"] for item in listed} == {first["path"], second["path"]}
-    assert all(item["bytes"] == 20 * KIB and item["files"] == 2 for item in listed)
-    first_id = next(item["id"] for item in listed if item["path"] == first["path"])
-    assert client.delete(f"{UPLOADS}/{first_id}").status_code == 204
+    other_key = make_key(settings.database_url, "read", "train")
+    other = TestClient(client.app, headers={"Authorization": f"Bearer {other_key}"})
+    theirs = _post(other, "three.zip", _images(20, "three"))
+    assert theirs["status"] == 201, theirs  # another owner, another quota
+
+    listed = {item["path"]: item for item in client.get(UPLOADS).json()}
+    assert set(listed) == {first["path"], second["path"], theirs["path"]}
+    assert all(item["bytes"] == 20 * KIB and item["files"] == 2 for item in listed.values())
+    mine = listed[first["path"]]
+    assert mine["owner"] != listed[theirs["path"]]["owner"]
+    refused = other.delete(f"{UPLOADS}/{mine['id']}")
+    assert refused.status_code == 403, refused.text
+    assert client.delete(f"{UPLOADS}/{mine['id']}").status_code == 204
     assert not (settings.data_dir / first["path"]).exists()
-    assert _post(client, "three.zip", _images(20, "three"))["status"] == 201
+    assert _post(client, "four.zip", _images(20, "four"))["status"] == 201
+
+
+def test_an_archive_two_owners_sent_is_kept_until_both_deleted_it(
+    client: TestClient, settings: Settings
+) -> None:
+    other_key = make_key(settings.database_url, "read", "train")
+    other = TestClient(client.app, headers={"Authorization": f"Bearer {other_key}"})
+    archive = _images(4, "shared")
+    mine, theirs = _post(client, "a.zip", archive), _post(other, "b.zip", archive)
+    assert mine["path"] == theirs["path"]
+    assert _post(client, "a.zip", archive)["status"] == 201  # the same row again
+    upload_id = Path(mine["path"]).name
+    assert [item["id"] for item in client.get(UPLOADS).json()] == [upload_id, upload_id]
+    assert client.delete(f"{UPLOADS}/{upload_id}").status_code == 204
+    assert (settings.data_dir / mine["path"]).is_dir()  # the other owner keeps it
+    assert other.delete(f"{UPLOADS}/{upload_id}").status_code == 204
+    assert not (settings.data_dir / mine["path"]).exists()
 
 
 def test_an_upload_a_queued_job_reads_is_kept_until_the_job_ends(
