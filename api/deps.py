@@ -124,18 +124,15 @@ AdminKey = Annotated[Principal | None, Depends(_requires("admin"))]
 PredictKey = Annotated[Principal | None, Depends(_requires("predict"))]
 
 
-def _caller(scope: str) -> Callable[[Principal | None, Settings], Awaitable[Caller]]:
-    """A dependency: the caller (a key holding `scope`, or none with auth off) and its reads."""
-    requires = _requires(scope)
-
-    async def caller(
-        principal: Annotated[Principal | None, Depends(requires)], settings: SettingsDep
-    ) -> Caller:
-        return Caller(principal, own_reads_only=settings.reads_owner_only)
-
-    return caller
+async def _read_caller(principal: ReadKey, settings: SettingsDep) -> Caller:
+    return Caller(principal, own_reads_only=settings.reads_owner_only)
 
 
-# Who asks, for the services that check owners (core.owners): reads, and changes.
-ReadCaller = Annotated[Caller, Depends(_caller("read"))]
-TrainCaller = Annotated[Caller, Depends(_caller("train"))]
+async def _train_caller(principal: TrainKey, settings: SettingsDep) -> Caller:
+    return Caller(principal, own_reads_only=settings.reads_owner_only)
+
+
+# Who asks (a key holding the scope, or none with auth off), for the services that check
+# owners (core.owners): to read, and to change.
+ReadCaller = Annotated[Caller, Depends(_read_caller)]
+TrainCaller = Annotated[Caller, Depends(_train_caller)]
