@@ -418,7 +418,7 @@ class AliasIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=2**31 - 1)
 
 
 class VersionOut(BaseModel):

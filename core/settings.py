@@ -80,6 +80,29 @@ class Settings(BaseSettings):
         1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
     )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
+    # Admission budgets of a train job, checked on submission (422) and by the worker on
+    # the real data; the defaults let the papers' nets through at the papers' recipes,
+    # ImageNet ResNet-200 at batch 256 for 600k iterations included (62 GiB, 2.3e18 MACs).
+    max_model_params: int = Field(
+        200_000_000,
+        ge=1_000,
+        le=10**12,
+        description="Most parameters a job's net may have (ResNet-200: 64.7M).",
+    )
+    max_train_memory_bytes: int = Field(
+        128 * 1024**3,
+        ge=1024**2,
+        le=2**50,
+        description="Most estimated training memory a job may need: batch x activations "
+        "kept for backward (float32) + parameters, gradients and optimizer state.",
+    )
+    max_job_macs: float = Field(
+        1e19,
+        ge=1e6,
+        le=1e24,
+        description="Most compute a job may ask for: forward MACs per image x batch size x "
+        "iterations.",
+    )
     upload_max_unpacked_bytes: int = Field(
         4 * 1024**3, ge=1024, description="Most bytes one uploaded archive may unpack to (413)."
     )

@@ -2,9 +2,21 @@
 
 from models.config import Architecture, UnitConfig
 from models.resnet import ResNet
-from models.zoo import Estimate, build, describe, estimate, list_models, parse_name, resolve
+from models.zoo import (
+    MAX_NAME_LENGTH,
+    OPTIONS,
+    Estimate,
+    build,
+    describe,
+    estimate,
+    list_models,
+    parse_name,
+    resolve,
+)
 
 __all__ = [
+    "MAX_NAME_LENGTH",
+    "OPTIONS",
     "Architecture",
     "Estimate",
     "ResNet",

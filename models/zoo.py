@@ -81,6 +81,7 @@ _NAME = re.compile(r"(?:(cifar|imagenet)_)?(resnet|plain|preact_resnet)(\d+)")
 MAX_NAME_LENGTH = 40
 MAX_DEPTH: dict[Block, int] = {"basic": 1202, "bottleneck": 1001}  # ResNet-1202, ResNet-1001
 MAX_PREACT_DEPTH = 1001  # the 2016 paper's deepest pre-activation net
+MAX_OPTION_NUMBER = 1e6  # scales and gate biases; an integer past float's range overflows
 _DEEPEST = (
     f"the papers' deepest: {MAX_DEPTH['basic']} for 6n+2 basic nets (resnet1202), "
     f"{MAX_DEPTH['bottleneck']} for 9n+2 bottleneck and pre-activation nets (preact_resnet1001)"
@@ -363,6 +364,9 @@ def _number(options: dict[str, Any], key: str, default: float) -> float:
     value = options.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{key} must be a number; got {value!r}")
+    if not -MAX_OPTION_NUMBER <= value <= MAX_OPTION_NUMBER:
+        shown = f"{value:.6g}" if isinstance(value, float) else f"{len(str(value))} digits"
+        raise ValueError(f"{key} must be within +-{MAX_OPTION_NUMBER:g}; got {shown}")
     return float(value)
 
 

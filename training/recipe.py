@@ -11,9 +11,7 @@ from torch import nn
 
 import models
 from training.data import DatasetInfo
-from training.specs import DatasetSpec, ModelSpec, RecipeSpec, TrainSpec
-
-PAPER_ITERATIONS = 64_000  # 2015 Sec. 4.2: stop at 64k iterations
+from training.specs import PAPER_ITERATIONS, DatasetSpec, ModelSpec, RecipeSpec, TrainSpec
 
 
 def total_iterations(recipe: RecipeSpec, batches_per_epoch: int) -> int:

@@ -21,6 +21,12 @@ from pydantic import (
 
 import models
 
+INT32_MAX = 2**31 - 1  # what a Postgres integer column holds
+MAX_ITERATIONS = 10_000_000
+PAPER_ITERATIONS = 64_000  # 2015 Sec. 4.2: stop at 64k iterations (the default budget)
+MAX_CHECKPOINTS = 10_000  # a run's checkpoint writes
+Tag = Annotated[str, Field(max_length=200)]
+
 
 class Spec(BaseModel):
     """Base of every spec: closed (unknown fields are errors) and immutable."""
@@ -31,8 +37,10 @@ class Spec(BaseModel):
 class ModelSpec(Spec):
     """A zoo name and its options, checked against the registry."""
 
-    name: str = Field(examples=["resnet20"])
-    options: dict[str, Any] = Field(default_factory=dict, examples=[{"shortcut": "B"}])
+    name: str = Field(examples=["resnet20"], max_length=models.MAX_NAME_LENGTH)
+    options: dict[str, Any] = Field(
+        default_factory=dict, max_length=len(models.OPTIONS), examples=[{"shortcut": "B"}]
+    )
 
     @model_validator(mode="after")
     def _resolves(self) -> ModelSpec:
@@ -50,12 +58,17 @@ class _DatasetBase(Spec):
     validation: float = Field(
         0.1, ge=0, le=0.5, description="Seeded hold-out fraction of the training split."
     )
-    split_seed: int = Field(0, ge=0, description="Seed of the validation (and test) split.")
+    split_seed: int = Field(
+        0, ge=0, le=INT32_MAX, description="Seed of the validation (and test) split."
+    )
     split: Literal["train", "val", "test"] = Field(
         "test", description="The split an evaluation job reads."
     )
     train_limit: int | None = Field(
-        None, ge=1, description="Use only the first N training images (after the split)."
+        None,
+        ge=1,
+        le=INT32_MAX,
+        description="Use only the first N training images (after the split).",
     )
 
 
@@ -147,7 +160,7 @@ class RecipeSpec(Spec):
     """How to train: the papers' CIFAR recipe by default, every field overridable."""
 
     iterations: int | None = Field(
-        None, ge=1, le=10_000_000, description="Budget in iterations (default 64,000)."
+        None, ge=1, le=MAX_ITERATIONS, description="Budget in iterations (default 64,000)."
     )
     epochs: float | None = Field(None, gt=0, le=10_000, description="Budget in epochs instead.")
     batch_size: int = Field(128, ge=1, le=65_536)
@@ -157,7 +170,9 @@ class RecipeSpec(Spec):
     weight_decay: float = Field(1e-4, ge=0, le=1)
     schedule: Literal["multistep", "cosine", "onecycle", "constant"] = "multistep"
     milestones: tuple[float, ...] = Field(
-        (0.5, 0.75), description="Multistep: fractions of the budget where lr is divided."
+        (0.5, 0.75),
+        max_length=32,
+        description="Multistep: fractions of the budget where lr is divided.",
     )
     gamma: float = Field(0.1, gt=0, le=1, description="Multistep: the factor at each milestone.")
     warmup: Literal["auto", "off", "paper", "linear"] = Field(
@@ -169,7 +184,9 @@ class RecipeSpec(Spec):
     warmup_error: float = Field(0.8, gt=0, le=1)
     warmup_iterations: int = Field(400, ge=1, le=1_000_000)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
-    grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this.")
+    grad_clip: float | None = Field(
+        None, gt=0, le=1e6, description="Clip the gradient norm to this."
+    )
     augment: bool = Field(True, description="Random crops of the padded image, and flips.")
     augment_pad: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = Field(
         "auto", description="Pixels of zero padding a side; auto: the image size / 8 (4 at 32)."
@@ -177,7 +194,7 @@ class RecipeSpec(Spec):
     augment_flip: bool | Literal["auto"] = Field(
         "auto", description="Random horizontal flips; auto: where a flip keeps the label."
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, ge=0, le=INT32_MAX)
     mixed_precision: Literal["auto", "bf16", "fp16", "off"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, off on the CPU."
     )
@@ -186,11 +203,22 @@ class RecipeSpec(Spec):
     )
     compile: bool = Field(False, description="torch.compile the model.")
     log_every: int = Field(50, ge=1, le=100_000, description="Iterations between train metrics.")
-    eval_every: int | None = Field(None, ge=1, description="Iterations; default: every epoch.")
-    diagnostics_every: int | None = Field(
-        None, ge=1, description="Iterations between per-block diagnostics; default: 10 per run."
+    eval_every: int | None = Field(
+        None, ge=1, le=MAX_ITERATIONS, description="Iterations; default: every epoch."
     )
-    checkpoint_every: int | None = Field(None, ge=1, description="Iterations; default: epoch.")
+    diagnostics_every: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ITERATIONS,
+        description="Iterations between per-block diagnostics; default: 10 per run.",
+    )
+    checkpoint_every: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ITERATIONS,
+        description="Iterations between checkpoints; default: every epoch. At most "
+        f"{MAX_CHECKPOINTS:,} checkpoints a run.",
+    )
     keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept besides the best.")
 
     @field_validator("augment_pad", "augment_flip", mode="wrap")
@@ -216,6 +244,15 @@ class RecipeSpec(Spec):
             self.milestones
         ):
             raise ValueError("milestones must be increasing fractions of the budget in (0, 1)")
+        if self.checkpoint_every is not None and self.epochs is None:
+            # Each checkpoint is a file write of the whole net and its optimizer state.
+            checkpoints = (self.iterations or PAPER_ITERATIONS) // self.checkpoint_every
+            if checkpoints > MAX_CHECKPOINTS:
+                raise ValueError(
+                    f"checkpoint_every {self.checkpoint_every} makes {checkpoints:,} checkpoints "
+                    f"in {self.iterations or PAPER_ITERATIONS:,} iterations, over the limit of "
+                    f"{MAX_CHECKPOINTS:,}; checkpoint less often"
+                )
         return self
 
 
@@ -224,7 +261,7 @@ class TrainSpec(Spec):
 
     kind: Literal["train"] = "train"
     name: str | None = Field(None, max_length=200)
-    tags: tuple[str, ...] = Field((), max_length=20)
+    tags: tuple[Tag, ...] = Field((), max_length=20)
     model: ModelSpec
     dataset: DatasetSpec
     recipe: RecipeSpec = Field(default_factory=RecipeSpec)

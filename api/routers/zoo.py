@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import threading
 from functools import cache
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 
 import models
 from api.deps import ReadKey
 from api.errors import responses
 from api.schemas import ModelOptionOut, ModelOptionsOut, ModelOut, OptionChoice
+from core.errors import InvalidError
 from models.config import BLOCKS, SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS, UnitConfig
 from models.zoo import FAMILIES, VARIANT_OPTIONS
 
@@ -146,3 +148,22 @@ def _number(name: str, default: float) -> ModelOptionOut:
         families=list(RESIDUAL_FAMILIES),
         shortcut_variants=list(VARIANT_OPTIONS[name]),
     )
+
+
+# After /options, which this path would otherwise take.
+@router.get(
+    "/{name}",
+    summary="Describe any net of the zoo by name",
+    responses=responses(401, 403, 422),
+)
+def describe_model(
+    name: Annotated[str, Path(max_length=models.MAX_NAME_LENGTH, examples=["resnet110"])],
+    _: ReadKey,
+) -> ModelOut:
+    """Any valid name, listed or not (`resnet1202`, `cifar_resnet50`): its wiring, params
+    and MACs per image; a name the zoo cannot build is a 422 saying what names exist."""
+    try:
+        models.resolve(name)  # the name's limits first: nothing is counted or kept before
+    except ValueError as error:
+        raise InvalidError(str(error), field=("path", "name")) from None
+    return describe(name)

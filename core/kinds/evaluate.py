@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 from sqlalchemy.orm import Session
@@ -17,7 +17,7 @@ from core.errors import InvalidError, NotFoundError
 from core.kinds.base import JobKind, RowFacts, RunContext
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
-from training.specs import DatasetSpec, Spec
+from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
 
 
 class EvaluateJobSpec(Spec):
@@ -25,9 +25,9 @@ class EvaluateJobSpec(Spec):
 
     kind: Literal["evaluate"]
     name: str | None = Field(None, max_length=200)
-    tags: tuple[str, ...] = Field((), max_length=20)
+    tags: tuple[Tag, ...] = Field((), max_length=20)
     source_job: uuid.UUID = Field(description="The train job whose checkpoint is evaluated.")
-    checkpoint: Literal["best", "last"] | int = Field(
+    checkpoint: Literal["best", "last"] | Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(
         "best", description="best, last, or a step number."
     )
     dataset: DatasetSpec

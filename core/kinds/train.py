@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import model_validator
 from sqlalchemy.orm import Session
 
 import models
-from core import artifacts
+from core import admission, artifacts
+from core.errors import InvalidError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.settings import Settings, get_settings
 from training import runs
 from training.data import LoadedDataset
 from training.recipe import total_iterations
@@ -17,6 +20,16 @@ from training.specs import TrainSpec
 
 class TrainJobSpec(TrainSpec):
     """Train a model: {"kind": "train", "model": {...}, "dataset": {...}, "recipe": {...}}."""
+
+    @model_validator(mode="after")
+    def _within_budgets(self) -> TrainJobSpec:
+        # Every job spec passes here (a submission, a study's cells, a worker's delivery),
+        # so no spec reaches a worker that would take more than the process's budgets.
+        try:
+            admission.check_train(self, admission.shape_of(self.dataset), get_settings())
+        except InvalidError as error:
+            raise ValueError(error.message) from None
+        return self
 
 
 def record(_session: Session, spec: TrainJobSpec) -> RowFacts:
@@ -41,14 +54,18 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
         device=context.device,
         download=settings.allow_downloads,
         resume=True,
-        prepare=lambda data: context.set_budget(*budget(spec, data)),
+        prepare=lambda data: context.set_budget(*budget(spec, data, settings)),
         free_margin=settings.checkpoint_free_margin_bytes,
     )
 
 
-def budget(spec: TrainJobSpec, data: LoadedDataset) -> tuple[int, float]:
-    """The run's training steps and multiply-accumulates per step."""
+def budget(spec: TrainJobSpec, data: LoadedDataset, settings: Settings) -> tuple[int, float]:
+    """The run's training steps and multiply-accumulates per step, within the budgets."""
     recipe, info = spec.recipe, data.info
+    shape = admission.DataShape(
+        info.channels, max(info.image_size), info.num_classes, len(data.train)
+    )
+    admission.check_train(spec, shape, settings)  # the data as read: an ImageFolder's too
     steps = total_iterations(recipe, max(1, len(data.train) // recipe.batch_size))
     described = models.describe(
         spec.model.name,

@@ -112,8 +112,11 @@ def _validated(payload: dict[str, Any], index: int, cell: dict[str, Any]) -> Tra
         message = str(problem["msg"]).removeprefix("Value error, ")
         label = ", ".join(f"{axis}={value!r}" for axis, value in cell.items())
         axis = next((a for a in cell if _overlaps(".".join(axis_path(a)), where)), None)
-        field = ("body", "grid", axis) if axis else ("body", "base", *where.split("."))
-        raise InvalidError(f"cell {index} ({label}): {where}: {message}", field=field) from None
+        field = (
+            ("body", "grid", axis) if axis else ("body", "base", *filter(None, where.split(".")))
+        )
+        at = f"{where}: " if where else ""  # a check of the whole spec names no field
+        raise InvalidError(f"cell {index} ({label}): {at}{message}", field=field) from None
 
 
 def _overlaps(path: str, where: str) -> bool:

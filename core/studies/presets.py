@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import models
 from core.errors import InvalidError
-from training.recipe import PAPER_ITERATIONS
+from training.specs import PAPER_ITERATIONS
 
 Scale = Literal["quick", "paper"]
 Metric = Literal["final_test_error", "best_test_error", "final_train_error"]
