@@ -5,7 +5,7 @@ export const PALETTE = [
   "#d9480f",
   "#2f9e44",
   "#ae3ec9",
-  "#e8590c",
+  "#343a40",
   "#1098ad",
   "#c2255c",
   "#5c940d",
