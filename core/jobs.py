@@ -368,3 +368,20 @@ def cancel_abandoned(*, session: Session) -> list[uuid.UUID]:
             message="cancelled (its worker had stopped)",
         )
     return ids
+
+
+def hand_back(*, session: Session, job_id: uuid.UUID, token: int, reason: str) -> None:
+    """Put a running job back in the queue now (its worker is stopping), to resume elsewhere.
+
+    A handed-back run was not a failed attempt: its maximum grows by one, so that restarts of
+    the workers never make a job give up.
+    """
+    _fence(
+        session,
+        job_id,
+        token,
+        status="queued",
+        lease_expires_at=None,
+        max_attempts=Job.max_attempts + 1,
+    )
+    add_event(session=session, job_id=job_id, level="warning", message=f"handed back: {reason}")

@@ -16,7 +16,7 @@ import re
 import shutil
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,6 +230,37 @@ def latest(directory: Path) -> Path | None:
         if (m := STEP_FILE.fullmatch(p.name)) is not None
     ]
     return max(steps)[1] if steps else None
+
+
+def latest_verified(
+    directory: Path,
+    recorded: Mapping[str, str] | None = None,
+    warn: Callable[[str], None] = lambda _: None,
+) -> Path | None:
+    """The newest step checkpoint whose sha256 matches its record (`recorded`, by path, wins
+    over the sidecar); newer ones that fail are set aside as `*.corrupt`, each with a `warn`."""
+    set_aside = False
+    while (newest := latest(directory) if directory.is_dir() else None) is not None:
+        problem = _verification_problem(newest, (recorded or {}).get(str(newest)))
+        if problem is None:
+            return newest
+        aside = newest.with_name(f"{newest.name}.corrupt")
+        newest.replace(aside)
+        set_aside = True
+        warn(f"{newest.name} {problem}; set aside as {aside.name}")
+    if set_aside:
+        warn("no verified checkpoint is left: starting over from step 0")
+    return None
+
+
+def _verification_problem(path: Path, expected: str | None) -> str | None:
+    """Why `path` cannot be resumed from, or None when its sha256 matches the record."""
+    expected = expected or _recorded_sha256(path)
+    if expected is None:
+        return "has no recorded sha256"
+    if sha256_of(path) != expected:
+        return f"does not match its recorded sha256 {expected[:12]}..."
+    return None
 
 
 def load(path: Path, *, sha256: str | None = None) -> dict[str, Any]:

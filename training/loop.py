@@ -7,6 +7,7 @@ same step axis with the same batches, so N steps in one go equal N/2 + N/2 bit f
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ def fit(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint_dir = out_dir / checkpoints.DIRECTORY
     fence: checkpoints.Fence | None = getattr(sink, "fence", None)  # a service sink has one
-    latest = checkpoints.latest(checkpoint_dir) if resume and checkpoint_dir.is_dir() else None
+    # A torn or corrupted newest checkpoint is set aside for the one before (as the worker does).
+    warn = functools.partial(sink.on_event, "warning")
+    latest = checkpoints.latest_verified(checkpoint_dir, warn=warn) if resume else None
     restored = checkpoints.load(latest) if latest is not None else None
     given, spec = spec.recipe, _as_used(spec, info, device, restored)
     recipe, channels_last = spec.recipe, bool(spec.recipe.channels_last)

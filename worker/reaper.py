@@ -34,14 +34,22 @@ def interval(settings: Settings) -> float:
 def reap_once(settings: Settings) -> list[uuid.UUID]:
     """One pass: end abandoned cancels, re-enqueue expired and lost jobs, start the held jobs
     of studies with room (say, after a job failed for good); returns their ids."""
+    try:
+        # Asked first, with a timeout: a broker that is down (or restarting) must not hold
+        # the locks this pass takes, and nothing could be enqueued anyway.
+        waiting = queue.depth(settings, timeout=settings.probe_timeout_seconds)
+    except Exception as error:  # any broker failure: the next pass tries again
+        log.warning("reaper: the broker is unreachable, pass skipped: %s", error)
+        return []
     # No pooled connection may outlive a pass: prefork children fork from this process.
     with session_scope(settings.database_url, pooled=False) as session:
         jobs.cancel_abandoned(session=session)
         expired = jobs.take_expired(session=session, lease_seconds=settings.lease_seconds)
+        # Queued jobs beyond the messages waiting lost theirs (say, Redis restarted empty).
         lost = jobs.take_stale_queued(
             session=session,
             older_than_s=LOST_AFTER_LEASES * settings.lease_seconds,
-            limit=jobs.count_queued(session=session) - queue.depth(settings),
+            limit=jobs.count_queued(session=session) - waiting,
         )
         for job_id in expired:
             _note(session, job_id, "lease expired (worker died or hung): re-enqueued")

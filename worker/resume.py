@@ -1,8 +1,8 @@
 """Resuming a job: only from a checkpoint whose sha256 matches what the database recorded.
 
-Before a (re)run, the newest step checkpoints that fail their check are set aside as
-`*.corrupt` until one passes, and the sink learns which checkpoint an earlier attempt
-recorded as the best.
+Before a (re)run, the job's checkpoint folder is fenced with its claim's token, the newest
+step checkpoints that fail their check are set aside as `*.corrupt` until one passes, and
+the sink learns which checkpoint an earlier attempt recorded as the best.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from worker.sink import DatabaseSink
 
 
 def prepare(settings: Settings, job_id: uuid.UUID, sink: DatabaseSink) -> None:
-    """Keep the job's latest verified checkpoint to resume from; tell the sink the best."""
+    """Fence the job's checkpoint folder, keep its latest verified checkpoint to resume from,
+    and tell the sink the best."""
     directory = artifacts.job_dir(settings, job_id) / checkpoints.DIRECTORY
+    # An earlier attempt that still runs (paused past its lease) can write nothing after this.
+    sink.take_fence(directory, wait_s=settings.lease_seconds)
     keep_verified_latest(directory, recorded_sha256(settings, job_id), sink)
     sink.best = recorded_best(settings, job_id, directory)
 
@@ -50,26 +53,4 @@ def recorded_best(settings: Settings, job_id: uuid.UUID, directory: Path) -> Che
 
 def keep_verified_latest(directory: Path, recorded: dict[str, str], sink: EventSink) -> None:
     """Set aside the newest step checkpoints that fail their sha256 check, until one passes."""
-    set_aside = False
-    while (latest := checkpoints.latest(directory) if directory.is_dir() else None) is not None:
-        problem = _verification_problem(latest, recorded.get(str(latest)))
-        if problem is None:
-            return
-        aside = latest.with_name(f"{latest.name}.corrupt")
-        latest.replace(aside)
-        set_aside = True
-        sink.on_event("warning", f"{latest.name} {problem}; set aside as {aside.name}")
-    if set_aside:
-        sink.on_event("warning", "no verified checkpoint is left: starting over from step 0")
-
-
-def _verification_problem(path: Path, expected: str | None) -> str | None:
-    """Why `path` cannot be resumed from, or None when its sha256 matches the record."""
-    sidecar = path.with_suffix(".sha256")
-    if expected is None and sidecar.is_file():
-        expected = sidecar.read_text().split()[0]
-    if expected is None:
-        return "has no recorded sha256"
-    if checkpoints.sha256_of(path) != expected:
-        return f"does not match its recorded sha256 {expected[:12]}..."
-    return None
+    checkpoints.latest_verified(directory, recorded, lambda line: sink.on_event("warning", line))

@@ -3,7 +3,9 @@
 A job runs in the prefork child that took its message: claim it, start its watchdog
 (`worker.watchdog`), verify what it resumes from (`worker.resume`), run its kind
 (`core.kinds`) reporting through the fenced `DatabaseSink` (`worker.sink`), and write the
-outcome (`worker.outcomes`).
+outcome (`worker.outcomes`). A job whose worker is stopping (SIGTERM), or whose database
+stayed unreachable for its whole lease, is handed back to the queue instead: it resumes at
+once on another worker from the checkpoint it saved on the way out.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ import uuid
 import torch
 
 from core import jobs, kinds
-from core.db.session import session_scope
+from core.db.session import UNAVAILABLE, session_scope
 from core.db.tables import Job
 from core.queue import enqueue_committed
 from core.settings import Settings
 from core.studies import service as studies
+from training.checkpoints import FencedOutError
 from worker import outcomes, resume
 from worker.limits import time_limits
 from worker.outcomes import Outcome
-from worker.sink import DatabaseSink
+from worker.sink import DatabaseSink, DatabaseUnavailableError, while_leased
 from worker.watchdog import Watchdog
+
+HANDED_BACK = "queued"  # the status of a job handed back; its outcome is written elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +60,21 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
     try:
         outcome = run_claimed(claim, settings=settings, sink=sink, device=device)
         sink.flush()
-    except jobs.LeaseLost:
-        log.warning("job %s: lease lost; another delivery owns it now", job_id)
+    except (jobs.LeaseLost, FencedOutError) as error:
+        log.warning("job %s: lease lost; another delivery owns it now (%s)", job_id, error)
         return
+    except (DatabaseUnavailableError, *UNAVAILABLE) as error:
+        # An outage is nobody's fault: the job goes back to the queue, never fails for it.
+        log.warning("job %s: the database is unreachable: %s", job_id, error)
+        outcome = Outcome(HANDED_BACK, error="the database was unreachable")
     except Exception as error:
         outcome = outcomes.failure(error)
         _flush_quietly(sink)
     finally:
         watchdog.stop()
+    if outcome.status == HANDED_BACK:
+        _hand_back(settings, watchdog, outcome.error or "its worker is stopping")
+        return
     outcomes.record(settings, claim, outcome, watchdog.progress)
     _release_study(settings, job_id)
 
@@ -83,7 +95,28 @@ def run_claimed(
 
     context = kinds.RunContext(claim.job_id, settings, device, sink, set_budget)
     summary = kind.run(kind.spec.model_validate(spec_json), context)
+    if summary.get("stopped") and watchdog.handing_back and not watchdog.cancelled.is_set():
+        return Outcome(HANDED_BACK, summary)
     return outcomes.of_run(summary, watchdog)
+
+
+def _hand_back(settings: Settings, watchdog: Watchdog, reason: str) -> None:
+    """Put the job back in the queue and enqueue it, so that another worker resumes it now."""
+    claim = watchdog.claim
+    try:
+        while_leased(
+            settings.database_url,
+            watchdog,
+            lambda session: jobs.hand_back(
+                session=session, job_id=claim.job_id, token=claim.token, reason=reason
+            ),
+        )
+    except (jobs.LeaseLost, DatabaseUnavailableError) as error:
+        # Another worker owns it, or the lease runs out and the reaper re-enqueues it.
+        log.warning("job %s: not handed back: %s", claim.job_id, error)
+        return
+    log.warning("job %s: handed back (%s)", claim.job_id, reason)
+    enqueue_committed([claim.job_id], settings=settings)
 
 
 def _release_study(settings: Settings, job_id: uuid.UUID) -> None:

@@ -1,28 +1,60 @@
 """The database sink: how a running job's metrics, events and checkpoints reach Postgres.
 
 Every write carries the claim's fencing token (`core.jobs`), so a worker that lost its
-lease writes nothing more. Metric points are buffered and written in batches.
+lease writes nothing more; its checkpoint files are fenced the same way
+(`training.checkpoints.Fence`). Metric points are buffered and written in batches. While the
+database is unreachable a write is retried with backoff for as long as the lease lasts; then
+`DatabaseUnavailableError` stops the job, which is handed back rather than failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
 from core import jobs
-from core.db.session import session_scope
+from core.db.session import UNAVAILABLE, session_scope
 from training import checkpoints
-from training.checkpoints import CheckpointInfo
+from training.checkpoints import CheckpointInfo, Fence
 from worker.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FLUSH_SECONDS = 1.0  # a metric point waits at most this long before it is written...
 FLUSH_POINTS = 500  # ...or until this many points are buffered
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff of a write while the database is unreachable
+
+
+class DatabaseUnavailableError(RuntimeError):
+    """The database stayed unreachable for as long as the job's lease allowed."""
+
+
+def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) -> T:
+    """Run `write` in a transaction, retried with backoff while the database is unreachable
+    and the lease lasts (another worker may take the job after it)."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            with session_scope(url) as session:
+                return write(session)
+        except UNAVAILABLE as error:
+            if watchdog.lease_left < delay:
+                raise DatabaseUnavailableError(
+                    f"the database stayed unreachable until the lease ran out: {error}"
+                ) from error
+            log.warning(
+                "job %s: database unreachable; retry in %.1f s", watchdog.claim.job_id, delay
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
 
 
 class DatabaseSink:
@@ -34,6 +66,26 @@ class DatabaseSink:
         self.flushed_at = time.monotonic()
         self.non_finite: set[str] = set()
         self.best: CheckpointInfo | None = None  # recorded as best.pt
+        self.fence: Fence | None = None  # the job folder's, once taken (the loop saves with it)
+
+    def take_fence(self, directory: Path, *, wait_s: float) -> None:
+        """Fence the checkpoint folder with this claim's token before resuming from it."""
+        self.fence = Fence(directory, self.claim.token, confirm=self.confirm_owner, wait_s=wait_s)
+        self.fence.take()
+
+    def confirm_owner(self) -> None:
+        """Renew the lease and write the buffered metrics, or raise: a checkpoint may follow."""
+        self._check_lease()
+        self.flush()
+        self._write(
+            lambda session: jobs.heartbeat(
+                session=session,
+                job_id=self.claim.job_id,
+                token=self.claim.token,
+                lease_seconds=self.watchdog.lease_seconds,
+            )
+        )
+        self.watchdog.renewed = time.monotonic()
 
     def on_metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
         self._check_lease()
@@ -48,14 +100,15 @@ class DatabaseSink:
 
     def on_event(self, level: str, message: str) -> None:
         self._check_lease()
-        with self._session() as session:
-            jobs.add_event(
+        self._write(
+            lambda session: jobs.add_event(
                 session=session,
                 job_id=self.claim.job_id,
                 level=level,
                 message=message,
                 token=self.claim.token,
             )
+        )
 
     def on_checkpoint(self, info: CheckpointInfo) -> None:
         self._check_lease()
@@ -76,7 +129,8 @@ class DatabaseSink:
 
     def should_stop(self) -> bool:
         watchdog = self.watchdog
-        return watchdog.cancelled.is_set() or watchdog.lost.is_set() or watchdog.overtime
+        stop = watchdog.cancelled.is_set() or watchdog.lost.is_set() or watchdog.handing_back
+        return stop or watchdog.overtime
 
     def flush(self) -> None:
         """Write the buffered metric points in one fenced upsert."""
@@ -84,15 +138,16 @@ class DatabaseSink:
         if not self.pending:
             return
         points, self.pending = self.pending, []
-        with self._session() as session:
-            jobs.write_metrics(
+        self._write(
+            lambda session: jobs.write_metrics(
                 session=session, job_id=self.claim.job_id, token=self.claim.token, points=points
             )
+        )
 
     def _record(self, info: CheckpointInfo) -> None:
         path, kept = recorded_path(info)
-        with self._session() as session:
-            jobs.record_checkpoint(
+        self._write(
+            lambda session: jobs.record_checkpoint(
                 session=session,
                 job_id=self.claim.job_id,
                 token=self.claim.token,
@@ -104,17 +159,17 @@ class DatabaseSink:
                 is_best=info.is_best,
                 kept=kept,
             )
+        )
 
     def _check_lease(self) -> None:
         # Stop at once, writing nothing more: another delivery owns the job now.
         if self.watchdog.lost.is_set():
             raise jobs.LeaseLost(f"job {self.claim.job_id} lost its lease")
 
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
+    def _write(self, write: Callable[[Session], object]) -> None:
+        """One fenced write, retried while the database is unreachable (`while_leased`)."""
         try:
-            with session_scope(self.url) as session:
-                yield session
+            while_leased(self.url, self.watchdog, write)
         except jobs.LeaseLost:
             self.watchdog.lost.set()
             raise

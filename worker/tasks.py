@@ -3,14 +3,21 @@
 Run a worker with `resnet-service worker` (or `celery -A worker.tasks worker -Q train -c 1`):
 one job at a time per process, one worker process per GPU. The reliability settings are in
 `core/queue.py`; this module adds the tasks and, in the worker's main process, the reaper.
+
+Stopping a worker with SIGTERM (`docker compose stop`) hands its running job back: the main
+process passes the signal on to the job process, which checkpoints, puts the job back in the
+queue and enqueues it for another worker, then exits; Celery's warm shutdown waits for it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import uuid
+from contextlib import suppress
 from typing import Any
 
+from billiard import process  # type: ignore[import-untyped]
 from celery import signals
 
 from core.db import schema
@@ -18,6 +25,7 @@ from core.db.session import get_engine
 from core.queue import REAP, RUN_JOB, app_for
 from core.settings import get_settings
 from worker import reaper, runner
+from worker.watchdog import SHUTTING_DOWN
 
 settings = get_settings()
 app = app_for(settings)
@@ -25,9 +33,17 @@ _reaper = reaper.Reaper(settings)
 
 
 def run_job(task: Any, job_id: str) -> None:
-    """Claim the job and run it to its outcome; a delivery that cannot claim does nothing."""
+    """Claim the job and run it to its outcome; a delivery that cannot claim does nothing.
+
+    SIGTERM meanwhile asks the job to checkpoint and go back to the queue.
+    """
     worker = f"{task.request.hostname} pid {os.getpid()}"
-    runner.execute(uuid.UUID(job_id), settings=settings, worker=worker)
+    # Here, not at the process's start: billiard installs its own handlers after that.
+    previous = signal.signal(signal.SIGTERM, lambda *_: SHUTTING_DOWN.set())
+    try:
+        runner.execute(uuid.UUID(job_id), settings=settings, worker=worker)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def reap_expired() -> int:
@@ -54,8 +70,16 @@ def _stop_reaper(**_: object) -> None:
     _reaper.stop()
 
 
+def _pass_on_shutdown(**_: object) -> None:
+    """In the main process, at a warm or cold shutdown: tell the job processes (SIGTERM)."""
+    for child in process.active_children():
+        with suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+
+
 app.task(name=RUN_JOB, bind=True)(run_job)
 app.task(name=REAP)(reap_expired)
 signals.worker_init.connect(_refuse_old_schema, weak=False)
 signals.worker_ready.connect(_start_reaper, weak=False)
 signals.worker_shutdown.connect(_stop_reaper, weak=False)
+signals.worker_shutting_down.connect(_pass_on_shutdown, weak=False)

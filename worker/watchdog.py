@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 CANCEL_GRACE_SECONDS = 30.0  # a job still running this long after a cancel is ended by force
 
+# Set by SIGTERM in a job process (its worker is stopping): the job checkpoints and is handed
+# back to the queue, to resume at once on another worker.
+SHUTTING_DOWN = threading.Event()
+
 
 class Watchdog(threading.Thread):
     """Renews the lease; notes cancel requests and a lost lease; ends a job that overruns."""
@@ -73,6 +77,16 @@ class Watchdog(threading.Thread):
             if cancel:
                 self.cancelled.set()
         return not self.lost.is_set()
+
+    @property
+    def handing_back(self) -> bool:
+        """Whether this process is stopping, so that the job must go back to the queue."""
+        return SHUTTING_DOWN.is_set()
+
+    @property
+    def lease_left(self) -> float:
+        """Seconds until the lease, as last renewed, runs out."""
+        return self.renewed + self.lease_seconds - time.monotonic()
 
     @property
     def overtime(self) -> bool:

@@ -10,8 +10,14 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
+
+# The errors of a database that is down, restarting, refusing connections or cutting them
+# (no pooled connection free counts too): worth a retry, never a fault of the request.
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 
 
 def get_engine(url: str, *, pooled: bool = True) -> Engine:

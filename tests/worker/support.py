@@ -75,8 +75,9 @@ class WorkerProcess:
                 start_new_session=True,
             )
 
-    def wait_ready(self, timeout: float = 90) -> None:
-        """Wait until Celery says the worker is ready (its reaper starts then)."""
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Wait until Celery says the worker is ready (its reaper starts then); importing
+        torch at nice 19 on two busy cores can take minutes."""
         wait_for(
             lambda: "ready." in self.output() or self.process.poll() is not None,
             timeout,
