@@ -2,11 +2,13 @@
 
 Events: `log` (a log line; its SSE id is the line's id, so `Last-Event-ID` resumes after
 it), `metrics` (new points as series), `progress` (step / total), `status` (status,
-attempt, cancel flag, error) and a final `end` when the job is over.
+attempt, cancel flag, error) and a final `end` when the job is over. A stream that reaches
+its maximum life (STREAM_MAX_SECONDS) ends without `end`: the client reconnects.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,15 +26,23 @@ KEEPALIVE_SECONDS = 15.0
 
 
 async def job_events(
-    url: str, job_id: uuid.UUID, *, poll_seconds: float, last_event_id: int, since_step: int | None
+    url: str,
+    job_id: uuid.UUID,
+    *,
+    poll_seconds: float,
+    last_event_id: int,
+    since_step: int | None,
+    max_seconds: float = math.inf,
 ) -> AsyncIterator[bytes]:
-    """SSE bytes for job `job_id` until it ends; metric points from `since_step` on."""
+    """SSE bytes for job `job_id` until it ends, or for `max_seconds` (the client resumes
+    with Last-Event-ID and since_step); metric points from `since_step` on."""
     if since_step is None:  # by default, only points written from now on
         since_step = await run_in_threadpool(_latest_step, url, job_id) + 1
     cursor = queries.TailCursor(last_event_id, since_step)
     previous: JobState | None = None
     quiet_since = time.monotonic()
-    while True:
+    deadline = quiet_since + max_seconds
+    while time.monotonic() < deadline:
         tail = await run_in_threadpool(_tail, url, job_id, cursor)
         chunks = _encode(tail, previous)
         if chunks:

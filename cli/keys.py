@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
+import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -12,7 +13,7 @@ from rich.table import Table
 from core import keys
 from core.db.session import session_scope
 from core.errors import InvalidError
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 
 
 def create_key(
@@ -20,13 +21,37 @@ def create_key(
     scope: Annotated[list[str], typer.Option(help="read, train, predict, admin (repeat).")],
 ) -> None:
     """Create an API key; it is printed this once and cannot be shown again."""
-    with session_scope(get_settings().database_url) as session:
+    settings = get_settings()
+    refusal = auth_off(settings)
+    if refusal:
+        typer.echo(
+            f"error: {refusal}; turn auth on (AUTH_ENABLED=true), then create keys", err=True
+        )
+        raise typer.Exit(1)
+    with session_scope(settings.database_url) as session:
         try:
             row, plaintext = keys.create_key(session=session, name=name, scopes=scope)
         except InvalidError as error:
             raise typer.BadParameter(error.message, param_hint="--scope") from error
         typer.echo(f"created key {row.prefix} ({', '.join(row.scopes)}); store it now:", err=True)
     typer.echo(plaintext)
+
+
+def auth_off(settings: Settings) -> str | None:
+    """Why keys should not be made now: auth is off here, or at the service (RESNET_URL)."""
+    if not settings.auth_enabled:
+        return "AUTH_ENABLED is false, so no key would be asked for"
+    url = f"{settings.client_url.rstrip('/')}/api/v1/session"
+    try:
+        answer = httpx.get(url, timeout=SESSION_PROBE_S).json()
+    except (httpx.HTTPError, ValueError):
+        return None  # no service there (or not this one): nothing says auth is off
+    if isinstance(answer, dict) and answer.get("auth_enabled") is False:
+        return f"the service at {settings.client_url} runs with auth off (RESNET_URL)"
+    return None
+
+
+SESSION_PROBE_S = 2.0
 
 
 def list_keys() -> None:

@@ -137,8 +137,10 @@ def _announce(settings: Settings, host: str, port: int) -> None:
         console.print(
             Panel(
                 f"AUTH IS OFF: any program on this machine can use http://{host}:{port} "
-                "without an API key. This happens only on a loopback address; bind another "
-                "host (or set AUTH_ENABLED=true) to require keys.",
+                "without an API key (web pages of other sites cannot: only loopback Host "
+                "names and the dashboard's own changes are served, and no key can be made). "
+                "This happens only on a loopback address; bind another host (or set "
+                "AUTH_ENABLED=true) to require keys.",
                 style="bold red",
             )
         )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from core import jobs
 from core.db.session import session_scope
+from core.redaction import public_text
 from core.settings import Settings
 from worker.watchdog import Watchdog
 
@@ -22,7 +25,7 @@ class Outcome:
     status: str
     summary: dict[str, Any] | None = None
     error: str | None = None
-    details: str | None = None  # a traceback for the event log
+    details: str | None = None  # a traceback for the worker's log, never for clients
 
 
 def of_run(summary: dict[str, Any], watchdog: Watchdog) -> Outcome:
@@ -39,7 +42,7 @@ def of_run(summary: dict[str, Any], watchdog: Watchdog) -> Outcome:
 
 
 def failure(error: BaseException) -> Outcome:
-    """A failed outcome: a one-line reason, and the traceback for the event log."""
+    """A failed outcome: a one-line reason, and the traceback for the worker's log."""
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
     details = "".join(traceback.format_exception(error))
@@ -49,7 +52,16 @@ def failure(error: BaseException) -> Outcome:
 def record(
     settings: Settings, claim: jobs.Claim, outcome: Outcome, progress: dict[str, int]
 ) -> None:
-    """Write the final progress and the outcome, with a failure's traceback in the log."""
+    """Write the final progress and the outcome; a failure's traceback goes to the worker's
+    log under an error id that the job's event cites, its reason without server paths."""
+    if outcome.error:
+        outcome = dataclasses.replace(outcome, error=public_text(outcome.error, settings))
+    if outcome.details:
+        error_id = uuid.uuid4().hex
+        log.error("job %s failed, error id %s:\n%s", claim.job_id, error_id, outcome.details)
+        outcome = dataclasses.replace(
+            outcome, details=f"error id {error_id}: the traceback is in the worker's log"
+        )
     try:
         with session_scope(settings.database_url) as session:
             jobs.heartbeat(

@@ -6,13 +6,17 @@ import uuid
 
 from fastapi import APIRouter, status
 
-from api.deps import AdminKey, KeysDep, SessionDep
-from api.errors import responses
+from api.deps import AdminKey, KeysDep, SessionDep, SettingsDep
+from api.errors import ForbiddenError, responses
 from api.schemas import KeyCreated, KeyIn, KeyOut
 from core import keys
 from core.errors import NotFoundError
 
 router = APIRouter(prefix="/keys", tags=["keys"])
+AUTH_OFF = (
+    "API keys cannot be created while auth is off; restart the service with "
+    "AUTH_ENABLED=true, then create keys with `resnet-service keys create`"
+)
 
 
 @router.post(
@@ -21,8 +25,11 @@ router = APIRouter(prefix="/keys", tags=["keys"])
     summary="Create an API key",
     responses=responses(401, 403, 422),
 )
-def create_key(body: KeyIn, session: SessionDep, _: AdminKey) -> KeyCreated:
+def create_key(body: KeyIn, session: SessionDep, settings: SettingsDep, _: AdminKey) -> KeyCreated:
     """A new key with its scopes; the `key` field is the only time the secret is shown."""
+    if not settings.auth_enabled:
+        # Anyone who reaches a service without auth could mint a key that outlives it.
+        raise ForbiddenError(AUTH_OFF)
     row, plaintext = keys.create_key(session=session, name=body.name, scopes=body.scopes)
     return KeyCreated.model_validate({**KeyOut.of(row).model_dump(), "key": plaintext})
 

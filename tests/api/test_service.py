@@ -18,6 +18,7 @@ from tests.api.helpers import claim, new_job
 from tests.services import throwaway_database
 
 API = "/api/v1"
+LOCAL = "http://127.0.0.1:8000"  # with auth off the app answers to loopback names only
 
 
 def test_healthz_and_readyz(anonymous: TestClient) -> None:
@@ -88,7 +89,7 @@ def test_the_api_refuses_an_unmigrated_database_unless_told_to_migrate(
     with pytest.raises(schema.SchemaOutdated, match="resnet-service migrate"):
         TestClient(create_app(outdated)).__enter__()
     migrating = outdated.model_copy(update={"migrate_on_start": True, "auth_enabled": False})
-    with TestClient(create_app(migrating)) as client:
+    with TestClient(create_app(migrating), base_url=LOCAL) as client:
         assert client.get(f"{API}/jobs").json() == {"items": [], "next_cursor": None}
     schema.check_current(empty_database)
 
@@ -107,7 +108,7 @@ def test_list_and_curves_work_on_sqlite(sqlite_url: str, tmp_path: Path) -> None
     with session_scope(sqlite_url) as session:
         points = [jobs.Point("lr", step, float(step)) for step in range(10)]
         jobs.write_metrics(session=session, job_id=tagged, token=token, points=points)
-    with TestClient(create_app(embedded)) as client:
+    with TestClient(create_app(embedded), base_url=LOCAL) as client:
         page = client.get(f"{API}/jobs", params={"tag": "wide", "q": "e_1", "limit": 1}).json()
         assert [item["id"] for item in page["items"]] == [str(tagged)]
         curves = client.get(f"{API}/jobs/{tagged}/metrics", params={"max_points": 5}).json()

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from core.db.session import session_scope
 from core.keys import authenticate, list_keys
-from core.settings import get_settings
+from core.settings import Settings, get_settings
+from tests.services import serve
 
 runner = CliRunner()
 
@@ -58,3 +59,33 @@ def test_revoke_names_a_missing_key(database: str) -> None:
     result = runner.invoke(app, ["keys", "revoke", missing])
     assert result.exit_code == 1
     assert f"no API key {missing}" in result.stderr
+
+
+def test_create_refuses_while_auth_is_off_here(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTH_ENABLED", "false")
+    get_settings.cache_clear()
+    with session_scope(database) as session:
+        before = len(list_keys(session=session))
+    result = runner.invoke(app, ["keys", "create", "--name", "ci", "--scope", "admin"])
+    assert result.exit_code == 1
+    assert "AUTH_ENABLED is false" in result.stderr
+    assert "turn auth on (AUTH_ENABLED=true)" in result.stderr
+    with session_scope(database) as session:
+        assert len(list_keys(session=session)) == before
+
+
+def test_create_refuses_while_the_service_runs_with_auth_off(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` on 127.0.0.1 turns auth off for its API only: the command asks the service."""
+    from api.app import create_app  # here: the other tests of this module serve no API
+
+    served = Settings(database_url=database, auth_enabled=False)
+    with serve(create_app(served)) as url:
+        monkeypatch.setenv("RESNET_URL", url)
+        get_settings.cache_clear()
+        result = runner.invoke(app, ["keys", "create", "--name", "ci", "--scope", "admin"])
+    assert result.exit_code == 1
+    assert f"the service at {url} runs with auth off" in result.stderr

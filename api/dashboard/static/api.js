@@ -76,7 +76,8 @@ export function query(params) {
 
 /**
  * Follow a job's Server-Sent Events until `end` (or until `signal` aborts); reconnects after
- * a dropped connection, resuming after the last log line and metric step seen.
+ * a dropped connection or a stream that reached its maximum life, resuming after the last
+ * log line and metric step seen.
  */
 export async function follow(jobId, sinceStep, handlers, signal) {
   let lastEventId = 0;
@@ -98,7 +99,8 @@ export async function follow(jobId, sinceStep, handlers, signal) {
       }
     } catch (error) {
       if (signal.aborted) return;
-      if (error instanceof ApiError && error.status < 500) throw error;
+      // Too many streams open (429) is worth waiting out, as a server error is.
+      if (error instanceof ApiError && error.status < 500 && error.status !== 429) throw error;
     }
     await new Promise((resolve) => setTimeout(resolve, 1000));
   }

@@ -1,0 +1,289 @@
+"""The API's edge, pure ASGI middleware that runs before any route reads a body.
+
+- `HostGuard`: with auth off, only the loopback names at the server's own port (or
+  ALLOWED_HOSTS) are served, against DNS rebinding; changes that carry another site's
+  Origin are refused, against cross-site form posts.
+- `AuthFirst`: with auth on, a request that carries a body is authenticated from its
+  headers first; without a valid key it is a 401 and its body is never read.
+- `PublicErrors`: error answers carry no server paths; an unexpected exception is a 500
+  that cites an error id, its traceback going to the server log with that id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.cache import TtlCache
+from api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE
+from api.schemas import API_PREFIX, ErrorOut
+from core import keys
+from core.db.session import UNAVAILABLE, session_scope
+from core.keys import Principal
+from core.redaction import public_text
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+PRINCIPAL = "principal"  # where AuthFirst leaves the key it checked, in the request's state
+
+
+async def answer(
+    send: Send, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> None:
+    """Answer with the shared error shape; the connection closes (a body may be unread)."""
+    body = ErrorOut.model_validate(
+        {"error": {"code": code, "message": message, "details": []}}
+    ).model_dump_json()
+    raw = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
+def install(app: FastAPI, settings: Settings, checked: TtlCache[str, Principal]) -> None:
+    """Add the edge to `app`, outermost last: errors, hosts, then authentication."""
+    app.add_middleware(AuthFirst, settings=settings, checked=checked)
+    app.add_middleware(HostGuard, settings=settings)
+    app.add_middleware(PublicErrors, settings=settings)
+
+
+# --- hosts and origins ----------------------------------------------------------------
+
+
+class HostGuard:
+    """ASGI middleware: the Host (and, for changes with auth off, the Origin) must be ours."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.allowed = settings.allowed_hosts
+        self.loopback_only = not settings.auth_enabled and not settings.allowed_hosts
+        self.check_origin = not settings.auth_enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not (self.allowed or self.loopback_only):
+            await self.app(scope, receive, send)
+            return
+        allowed = self.allowed or loopback_hosts(scope.get("server"))
+        headers = Headers(scope=scope)
+        host = headers.get("host", "").lower()
+        if not host_allowed(host, allowed):
+            message = (
+                f"this service does not answer to host {host!r}; it answers to "
+                f"{', '.join(allowed)}{_HOSTS_HINT if self.loopback_only else ''}"
+            )
+            await answer(send, 421, "misdirected_request", message)
+            return
+        origin = headers.get("origin")
+        if self._foreign_change(scope, origin, allowed):
+            message = (
+                f"a change sent from another site (Origin {origin!r}) is refused while auth "
+                "is off; only this service's own pages may send changes"
+            )
+            await answer(send, 403, "forbidden", message)
+            return
+        await self.app(scope, receive, send)
+
+    def _foreign_change(self, scope: Scope, origin: str | None, allowed: list[str]) -> bool:
+        """A change (not GET/HEAD/OPTIONS) whose Origin is another site's, with auth off."""
+        changes = self.check_origin and scope["method"] not in SAFE_METHODS
+        return changes and origin is not None and not origin_allowed(origin, allowed)
+
+
+_HOSTS_HINT = " while auth is off (ALLOWED_HOSTS adds names)"
+
+
+def loopback_hosts(server: tuple[str, int | None] | None) -> list[str]:
+    """The loopback names at the port the server listens on (any port when unknown)."""
+    port = server[1] if server else None
+    if port is None:
+        return list(LOOPBACK_NAMES)
+    names = [f"{name}:{port}" for name in LOOPBACK_NAMES]
+    return names + list(LOOPBACK_NAMES) if port == 80 else names
+
+
+def host_allowed(host: str, allowed: list[str]) -> bool:
+    """Whether a Host header matches: `*`, `name:port`, `name` (any port), `.domain`."""
+    name = _host_name(host)
+    for pattern in allowed:
+        if pattern == "*" or host == pattern or name == pattern:
+            return True
+        if pattern.startswith(".") and (name == pattern[1:] or name.endswith(pattern)):
+            return True
+    return False
+
+
+def origin_allowed(origin: str, allowed: list[str]) -> bool:
+    """Whether an Origin header names this service (http or https at an allowed host)."""
+    parts = urlsplit(origin.lower())
+    return parts.scheme in ("http", "https") and host_allowed(parts.netloc, allowed)
+
+
+def _host_name(host: str) -> str:
+    """`host` without its port: 127.0.0.1:8000 -> 127.0.0.1, [::1]:8000 -> [::1]."""
+    if host.endswith("]"):
+        return host
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() else host
+
+
+# --- authentication before bodies -----------------------------------------------------
+
+
+class AuthFirst:
+    """ASGI middleware: with auth on, API requests with a body need a valid key, checked
+    before the body is read; other requests' keys are checked here when they carry one."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, checked: TtlCache[str, Principal]):
+        self.app = app
+        self.settings = settings
+        self.checked = checked
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or not self.settings.auth_enabled
+            or not scope["path"].startswith(API_PREFIX + "/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        key = bearer_key(Headers(scope=scope).get("authorization", ""))
+        principal = await self._principal(key) if key else None
+        if principal is not None:
+            scope.setdefault("state", {})[PRINCIPAL] = principal
+        elif scope["method"] not in SAFE_METHODS:
+            message = (
+                "the API key is malformed, unknown or revoked"
+                if key
+                else "an API key is required: send `Authorization: Bearer rs_...`"
+            )
+            await answer(send, 401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+            return
+        await self.app(scope, receive, send)
+
+    async def _principal(self, key: str) -> Principal | None:
+        """The key's principal, through the routes' cache of checked keys (api.deps)."""
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        principal = self.checked.get(digest, self.settings.auth_cache_seconds)
+        if principal is None:
+            generation = self.checked.generation
+            principal = await run_in_threadpool(_authenticate, self.settings.database_url, key)
+            if principal is not None:
+                self.checked.put(digest, principal, generation)
+        return principal
+
+
+def bearer_key(authorization: str) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header, as FastAPI's HTTPBearer reads it."""
+    scheme, _, key = authorization.partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def _authenticate(url: str, key: str) -> Principal | None:
+    with session_scope(url) as session:
+        return keys.authenticate(session=session, key=key)
+
+
+def caller(scope: Scope) -> str:
+    """Who sends a request, for per-caller limits: its key, else its address."""
+    principal = scope.get("state", {}).get(PRINCIPAL)
+    if isinstance(principal, Principal):
+        return f"key {principal.key_id}"
+    client = scope.get("client")
+    return f"address {client[0] if client else 'unknown'}"
+
+
+# --- errors without server details ---------------------------------------------------
+
+
+class PublicErrors:
+    """ASGI middleware: JSON error answers without server paths; unexpected exceptions as a
+    500 with an error id (the traceback goes to the log under that id)."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        held: Message | None = None  # an error's start, until its body is cleaned
+        chunks: list[bytes] = []
+        started = False
+
+        async def cleaned(message: Message) -> None:
+            nonlocal held, started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400 and _is_json(message):
+                    held = message
+                    return
+            if held is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self._send_clean(send, held, b"".join(chunks))
+
+        try:
+            await self.app(scope, receive, cleaned)
+        except UNAVAILABLE as error:  # outside the routes (authentication): as they answer
+            log.warning("%s %s: database unavailable: %s", scope["method"], scope["path"], error)
+            if not started:
+                retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+                await answer(send, 503, "unavailable", DATABASE_UNAVAILABLE, retry)
+        except Exception as error:
+            error_id = uuid.uuid4().hex
+            log.error(
+                "error id %s: %s %s failed",
+                error_id,
+                scope["method"],
+                scope["path"],
+                exc_info=error,
+            )
+            if started:  # the answer is under way: it can only be cut short
+                return
+            message = f"an unexpected error occurred; quote error id {error_id} when reporting it"
+            await answer(send, 500, "internal", message, {"X-Error-Id": error_id})
+
+    async def _send_clean(self, send: Send, start: Message, body: bytes) -> None:
+        """Send a held error answer with its strings' server paths made public."""
+        try:
+            clean = json.dumps(_public(json.loads(body), self.settings)).encode()
+        except ValueError:
+            clean = body
+        headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(clean)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": clean})
+
+
+def _is_json(start: Message) -> bool:
+    return any(
+        name.lower() == b"content-type" and value.startswith(b"application/json")
+        for name, value in start["headers"]
+    )
+
+
+def _public(value: Any, settings: Settings) -> Any:
+    """`value` (decoded JSON) with every string's server paths made public."""
+    if isinstance(value, str):
+        return public_text(value, settings)
+    if isinstance(value, list):
+        return [_public(item, settings) for item in value]
+    if isinstance(value, dict):
+        return {key: _public(item, settings) for key, item in value.items()}
+    return value
