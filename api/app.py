@@ -139,6 +139,7 @@ def _model_cache(settings: Settings) -> ModelCache:
         max_models=settings.predict_cache_models,
         max_bytes=settings.predict_cache_bytes,
         options=options,
+        max_starting=settings.predict_max_starting,
     )
 
 

@@ -2,20 +2,22 @@
 
 Both live on the event loop: a miss of either is computed once however many requests
 wait for it (`SingleFlight`), so a burst of first requests starts a model once and an
-expired reference is resolved once.
+expired reference is resolved once. Admission happens here too: each model takes at most
+its queue's worth of requests at once (counted from before their bodies are read), and
+at most `max_starting` model processes start at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
 from api.cache import SingleFlight, TtlCache
-from api.model_process import Replicas, ServingOptions
+from api.model_process import Overloaded, Replicas, ServingOptions
 from core.model_registry import Resolved
 
 
@@ -28,6 +30,7 @@ class ModelCache:
         max_models: int = 4,
         max_bytes: int = 2 * 1024**3,
         options: ServingOptions | None = None,
+        max_starting: int = 2,
     ) -> None:
         self.max_models, self.max_bytes = max_models, max_bytes
         self.options = options or ServingOptions()
@@ -35,6 +38,31 @@ class ModelCache:
         self.starting: SingleFlight[Replicas] = SingleFlight()
         self.stopping: set[asyncio.Task[None]] = set()
         self.loads = 0
+        # Starting a model process costs seconds of CPU and its memory: a few at a time.
+        self.start_slots = asyncio.Semaphore(max_starting)
+        self.starting_now = self.peak_starting = 0
+        self.admitted: Counter[str] = Counter()  # requests in hand per checkpoint sha256
+
+    @property
+    def max_admitted(self) -> int:
+        """Requests one model takes at once: its processes' queues."""
+        return self.options.max_queue * self.options.replicas
+
+    def admit(self, sha256: str) -> None:
+        """Take one of the model's request places, or raise `Overloaded` when none is free.
+
+        Taken before the request's body is read, so a request beyond the model's queue
+        costs no parsing, decoding or memory; `release` gives the place back.
+        """
+        if self.admitted[sha256] >= self.max_admitted:
+            raise Overloaded(f"the model's request queue is full ({self.max_admitted} requests)")
+        self.admitted[sha256] += 1
+
+    def release(self, sha256: str) -> None:
+        """Give back a place `admit` took."""
+        self.admitted[sha256] -= 1
+        if self.admitted[sha256] <= 0:
+            del self.admitted[sha256]
 
     def peek(self, sha256: str) -> Replicas | None:
         """The running model of a checkpoint (now the most recently used), or None."""
@@ -52,7 +80,7 @@ class ModelCache:
         return await self.starting.run(sha256, lambda: self._start(path, sha256))
 
     async def _start(self, path: Path, sha256: str) -> Replicas:
-        served = await Replicas.start(path, sha256, self.options)
+        served = await self._bounded_start(path, sha256)
         stale = self.entries.pop(sha256, None)  # its process stopped
         if stale is not None:
             self._stop(stale)
@@ -65,6 +93,23 @@ class ModelCache:
             # Never the newest; requests already sent to an evicted model are answered.
             self._stop(self.entries.popitem(last=False)[1])
         return served
+
+    async def _bounded_start(self, path: Path, sha256: str) -> Replicas:
+        """Start the model once a start slot is free; `Overloaded` if none frees in time."""
+        wait_s = self.options.start_timeout_s
+        try:
+            await asyncio.wait_for(self.start_slots.acquire(), wait_s)
+        except TimeoutError:
+            raise Overloaded(
+                f"{self.starting_now} models are starting and none finished within {wait_s:g} s"
+            ) from None
+        self.starting_now += 1
+        self.peak_starting = max(self.peak_starting, self.starting_now)
+        try:
+            return await Replicas.start(path, sha256, self.options)
+        finally:
+            self.starting_now -= 1
+            self.start_slots.release()
 
     def _stop(self, served: Replicas) -> None:
         task = asyncio.ensure_future(served.close())

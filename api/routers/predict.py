@@ -1,10 +1,12 @@
 """Prediction: classify uploaded images with a registered model or a job's best checkpoint.
 
 A request's reference is resolved (kept for a moment, one resolution per reference at a
-time), its model loaded on a cache miss, and its files checked and decoded: on the event
-loop when they are small, in a worker thread otherwise. Its good images then go to the
-model's micro-batcher as one submission, which the event loop awaits without running
-the model.
+time) and the request takes a place in its model's queue before its body is read (503
+with Retry-After when none is free). Its files' sizes and headers are checked before the
+model is loaded on a cache miss (a request of bad files starts no model), then decoded:
+on the event loop when they are small, in a worker thread otherwise. Its good images go
+to the model's micro-batcher as one submission, which the event loop awaits without
+running the model.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -150,14 +152,38 @@ async def predict(
     # without FastAPI's body parsing and response validation.
     started = time.perf_counter()
     settings: Settings = request.app.state.settings
+    refs: RefCache = request.state.refs
+    ttl_s = settings.predict_ref_ttl_ms / 1000
+    target = await refs.resolve(model, ttl_s, partial(_resolve, settings, model))
+    cache: ModelCache = request.state.model_cache
+    try:  # before the body is read: a request the model has no place for costs nothing
+        cache.admit(target.sha256)
+    except Overloaded as error:
+        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
+    try:
+        answer = await _classify(request, settings, cache, target, top_k)
+    finally:
+        cache.release(target.sha256)
+    answer["timing"]["total_ms"] = (time.perf_counter() - started) * 1000
+    return Response(to_json(answer), media_type="application/json")
+
+
+async def _classify(
+    request: Request,
+    settings: Settings,
+    cache: ModelCache,
+    target: model_registry.Resolved,
+    top_k: int,
+) -> dict[str, Any]:
+    """Read and check the files, then (only if one is usable) load the model and run it."""
     async with request.form() as form:  # a malformed body is a 400, a too large one a 413
         files = _files(form, settings)
-        refs: RefCache = request.state.refs
-        ttl_s = settings.predict_ref_ttl_ms / 1000
-        target = await refs.resolve(model, ttl_s, partial(_resolve, settings, model))
-        cache: ModelCache = request.state.model_cache
+        opened = await _opened_all(settings, files)
+        if all(image is None for _, image in opened):
+            # Refused from their headers, before any model is started for them.
+            raise _all_failed([file for file, _ in opened])
         served = await _load(cache, target)  # no suspension when it is running
-        images = await _checked(settings, served.info, files)
+        images = await _fitted_all(served.info, opened)
     good = [image.array for image in images if image.array is not None]
     if not good:
         raise _all_failed(images)
@@ -173,17 +199,12 @@ async def predict(
         raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
     except ForwardError as error:
         raise ServerFaultError(f"the model failed on this batch: {error}") from error
-    forward_ms = (time.perf_counter() - queued) * 1000
-    answer = {
+    return {
         "model": _served_model(target),
         "preprocessing": _preprocessing(served.info),
         "results": _results(images, probabilities, served.info, top_k),
-        "timing": {
-            "queue_forward_ms": forward_ms,
-            "total_ms": (time.perf_counter() - started) * 1000,
-        },
+        "timing": {"queue_forward_ms": (time.perf_counter() - queued) * 1000},
     }
-    return Response(to_json(answer), media_type="application/json")
 
 
 def _files(form: FormData, settings: Settings) -> list[UploadFile]:
@@ -243,6 +264,8 @@ async def _load(cache: ModelCache, target: model_registry.Resolved) -> Replicas:
         raise ConflictError(
             f"the checkpoint of {target.ref!r} cannot be served: {error}"
         ) from error
+    except Overloaded as error:  # no start slot freed in time
+        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
 
 
 # A request whose files are this small is checked and decoded on the event loop (a 32x32
@@ -250,24 +273,18 @@ async def _load(cache: ModelCache, target: model_registry.Resolved) -> Replicas:
 INLINE_BYTES = 64 * 1024
 INLINE_PIXELS = 256 * 256
 
-
-async def _checked(settings: Settings, info: DatasetInfo, files: list[UploadFile]) -> list[_Image]:
-    """Every file checked, decoded and fitted to the model's input, or its error."""
-    if any(upload.size is None or upload.size > INLINE_BYTES for upload in files):
-        return await run_in_threadpool(_checked_all, settings, info, files)
-    opened = [_opened(settings, index, upload) for index, upload in enumerate(files)]
-    pixels = sum(image.width * image.height for _, image in opened if image is not None)
-    if pixels > INLINE_PIXELS:
-        return await run_in_threadpool(_fitted_all, info, opened)
-    return _fitted_all(info, opened)
-
-
-def _checked_all(settings: Settings, info: DatasetInfo, files: list[UploadFile]) -> list[_Image]:
-    opened = [_opened(settings, index, upload) for index, upload in enumerate(files)]
-    return _fitted_all(info, opened)
-
-
 _Opened = tuple[_Image, Image.Image | None]
+
+
+async def _opened_all(settings: Settings, files: list[UploadFile]) -> list[_Opened]:
+    """Every file's size and header checked (nothing decoded yet), or its error."""
+    if any(upload.size is None or upload.size > INLINE_BYTES for upload in files):
+        return await run_in_threadpool(_opened_each, settings, files)
+    return _opened_each(settings, files)
+
+
+def _opened_each(settings: Settings, files: list[UploadFile]) -> list[_Opened]:
+    return [_opened(settings, index, upload) for index, upload in enumerate(files)]
 
 
 def _opened(settings: Settings, index: int, upload: UploadFile) -> _Opened:
@@ -286,7 +303,15 @@ def _opened(settings: Settings, index: int, upload: UploadFile) -> _Opened:
     return _Image(name), image
 
 
-def _fitted_all(info: DatasetInfo, opened: list[_Opened]) -> list[_Image]:
+async def _fitted_all(info: DatasetInfo, opened: list[_Opened]) -> list[_Image]:
+    """Every checked file decoded and fitted to the model's input: small ones inline."""
+    pixels = sum(image.width * image.height for _, image in opened if image is not None)
+    if pixels > INLINE_PIXELS:
+        return await run_in_threadpool(_fitted_each, info, opened)
+    return _fitted_each(info, opened)
+
+
+def _fitted_each(info: DatasetInfo, opened: list[_Opened]) -> list[_Image]:
     return [_fitted(info, file, image) for file, image in opened]
 
 
