@@ -16,7 +16,7 @@ from typing import TypedDict
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from api import errors
+from api import edge, errors, ratelimit
 from api.deps import KeyCache
 from api.limits import BodyLimit
 from api.model_cache import ModelCache, RefCache
@@ -59,6 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         predict.PATH: predict.body_limit(settings),
     }
     app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
+    # Each middleware added wraps those before it: the edge runs before limits and bodies.
+    ratelimit.install(app, settings)
+    edge.install(app, settings, app.state.keys)
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
     app.include_router(_api())
     app.include_router(dashboard.router)
