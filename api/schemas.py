@@ -157,6 +157,16 @@ def _job_fields(job: Job) -> dict[str, Any]:
     }
 
 
+class RetryOut(BaseModel):
+    """A failed or cancelled job queued again, and where its next run starts."""
+
+    job: JobOut
+    resume_step: int | None = Field(
+        description="The step of the verified checkpoint it resumes from; null: it starts over."
+    )
+    message: str = Field(examples=["retried: resumes from step-440.pt at step 440"])
+
+
 class JobState(BaseModel):
     """Where a job is in its life: an event stream's `status` and `progress` events."""
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.db.tables import Checkpoint
 from core.settings import Settings
+from training import checkpoints
 
 JOBS = "jobs"
 
@@ -52,3 +53,31 @@ def find_checkpoint(*, session: Session, job_id: uuid.UUID, which: str | int) ->
     elif which != "last":
         query = query.where(Checkpoint.step == int(which))
     return session.scalars(query.order_by(Checkpoint.step.desc()).limit(1)).first()
+
+
+def last_verified(
+    *, session: Session, settings: Settings, job_id: uuid.UUID
+) -> tuple[Path, int] | None:
+    """The job's newest step checkpoint whose sha256 matches its record (the database's, or
+    the `.sha256` beside it), and its step: what its next run resumes from, as the worker
+    picks it."""
+    directory = job_dir(settings, job_id) / checkpoints.DIRECTORY
+    if not directory.is_dir():
+        return None
+    rows = session.execute(
+        select(Checkpoint.path, Checkpoint.sha256).where(Checkpoint.job_id == job_id)
+    )
+    recorded = {path: sha256 for path, sha256 in rows}
+    steps = [
+        (int(match[1]), path)
+        for path in directory.glob("step-*.pt")
+        if (match := checkpoints.STEP_FILE.fullmatch(path.name)) is not None
+    ]
+    for step, path in sorted(steps, reverse=True):
+        sidecar = path.with_suffix(".sha256")
+        expected = recorded.get(str(path)) or (
+            sidecar.read_text().split()[0] if sidecar.is_file() else None
+        )
+        if expected is not None and checkpoints.sha256_of(path) == expected:
+            return path, step
+    return None

@@ -17,7 +17,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import kinds
+from core import artifacts, kinds
 from core.db.tables import (
     FINAL_STATUSES,
     Checkpoint,
@@ -31,6 +31,7 @@ from core.db.tables import (
 from core.errors import ConflictError, NotFoundError
 from core.kinds.base import KindSpec
 from core.owners import ANYONE, Caller, check_owner, check_visible
+from core.settings import Settings
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -266,9 +267,18 @@ def finish(
     )
 
 
+SUMMARY_COLUMNS = (
+    "final_test_error",
+    "best_test_error",
+    "params",
+    "macs",
+    "wall_time_s",
+    "images_per_s",
+)
+
+
 def _summary_columns(summary: dict[str, Any]) -> dict[str, Any]:
-    keys = ("final_test_error", "best_test_error", "params", "macs", "wall_time_s", "images_per_s")
-    return {key: summary.get(key) for key in keys}
+    return {key: summary.get(key) for key in SUMMARY_COLUMNS}
 
 
 def request_cancel(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:
@@ -283,6 +293,51 @@ def request_cancel(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYO
         job.cancel_requested = True
         add_event(session=session, job_id=job_id, level="info", message="cancel requested")
     return job
+
+
+RETRYABLE = ("failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A job sent back to the queue, and the step its next run resumes from (None: 0)."""
+
+    job: Job
+    resume_step: int | None
+    message: str
+
+
+def retry(
+    *,
+    session: Session,
+    settings: Settings,
+    job_id: uuid.UUID,
+    caller: Caller = ANYONE,
+) -> Retry:
+    """Queue a failed or cancelled job again, to resume from its last verified checkpoint.
+
+    It gets `MAX_ATTEMPTS` more deliveries; its metrics continue on the same step axis.
+    """
+    job = _changeable(session, job_id, caller, "retry")
+    if job.status not in RETRYABLE:
+        hint = "; cancel it first" if job.status in ("queued", "running") else ""
+        raise ConflictError(
+            f"job {job_id} is {job.status}: only a failed or cancelled job can be retried{hint}"
+        )
+    resume = artifacts.last_verified(session=session, settings=settings, job_id=job_id)
+    message = (
+        f"retried: resumes from {resume[0].name} at step {resume[1]}"
+        if resume is not None
+        else "retried: no verified checkpoint, so it starts over from step 0"
+    )
+    job.status, job.held, job.cancel_requested = "queued", False, False
+    job.error = job.finished_at = job.lease_expires_at = job.summary = None
+    for column in SUMMARY_COLUMNS:
+        setattr(job, column, None)
+    job.max_attempts = job.attempt + settings.max_attempts
+    add_event(session=session, job_id=job_id, level="info", message=message)
+    session.flush()
+    return Retry(job, resume[1] if resume else None, message)
 
 
 def delete(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:

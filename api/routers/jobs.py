@@ -12,7 +12,7 @@ from fastapi.sse import EventSourceResponse
 from sqlalchemy import select
 
 from api import idempotency, queries
-from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.deps import ReadKey, SessionDep, SettingsDep, TrainCaller, TrainKey
 from api.errors import responses
 from api.schemas import (
     CheckpointOut,
@@ -22,6 +22,7 @@ from api.schemas import (
     JobQuery,
     KindOut,
     MetricsOut,
+    RetryOut,
     Series,
 )
 from api.stream import job_events
@@ -122,6 +123,27 @@ def cancel_job(
     session.commit()
     enqueue_committed(released, settings=settings)  # a cancelled study job makes room
     return JobOut.of(job)
+
+
+@router.post(
+    "/{job_id}/retry",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Retry a failed or cancelled job",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def retry_job(
+    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
+) -> RetryOut:
+    """Queue the job again; it resumes from its last verified checkpoint on the same step
+    axis (its metrics continue), or starts over when it has none, as the answer says.
+
+    409 unless it failed or was cancelled; only its owner or an admin key may (403)."""
+    retried = jobs.retry(session=session, settings=settings, job_id=job_id, caller=caller)
+    session.commit()
+    enqueue_committed([job_id], settings=settings)
+    return RetryOut(
+        job=JobOut.of(retried.job), resume_step=retried.resume_step, message=retried.message
+    )
 
 
 @router.delete(
