@@ -8,6 +8,7 @@ status each. Framework errors (validation, unknown routes, body limits) look the
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -16,7 +17,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from api.schemas import ErrorDetail, ErrorOut
+from core.db.session import UNAVAILABLE
 from core.errors import ConflictError, DomainError, InvalidError, NotFoundError, NotOwnedError
+
+log = logging.getLogger(__name__)
 
 _CODES = {
     400: "bad_request",
@@ -85,6 +89,10 @@ class OverloadedError(ApiError):
     headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
 
 
+DATABASE_RETRY_AFTER_S = 2  # a database restart or failover usually takes seconds
+DATABASE_UNAVAILABLE = f"the database is unavailable; try again in {DATABASE_RETRY_AFTER_S} s"
+
+
 DOMAIN_STATUS: dict[type[DomainError], int] = {
     NotFoundError: 404,
     NotOwnedError: 403,
@@ -123,8 +131,29 @@ async def _domain_error(_request: Request, error: Exception) -> JSONResponse:
     return _render(status, _CODES[status], error.message, details)
 
 
+async def _database_unavailable(request: Request, error: Exception) -> JSONResponse:
+    # The pool drops the broken connections (and pings before reuse): the next request
+    # after the database is back succeeds with no restart.
+    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, error)
+    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    return _render(503, "unavailable", DATABASE_UNAVAILABLE, [], headers)
+
+
+# FastAPI answers 400 with this for a body it cannot decode (bytes that are not UTF-8, a
+# broken multipart form) but 422 for one that is not JSON: both are bodies a route cannot
+# use, so both are a 422, the status every route with a body documents.
+_UNPARSABLE_BODY = "There was an error parsing the body"
+UNPARSABLE_BODY = (
+    "the body could not be parsed: send JSON in UTF-8, or a multipart form to the routes "
+    "that take files"
+)
+
+
 async def _http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
+    if error.status_code == 400 and error.detail == _UNPARSABLE_BODY:
+        detail = ErrorDetail(loc=["body"], msg=UNPARSABLE_BODY)
+        return _render(422, "invalid", f"body: {UNPARSABLE_BODY}", [detail])
     code = _CODES.get(error.status_code, "error")
     headers = dict(error.headers) if error.headers else None
     return _render(error.status_code, code, str(error.detail), [], headers)
@@ -185,4 +214,6 @@ def install(app: FastAPI) -> None:
     for domain_error in DOMAIN_STATUS:
         app.add_exception_handler(domain_error, _domain_error)
     app.add_exception_handler(HTTPException, _http_error)
+    for unavailable in UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
     app.add_exception_handler(RequestValidationError, _validation_error)
