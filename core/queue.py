@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 
 from celery import Celery
 
@@ -91,5 +92,22 @@ def enqueue_committed(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> No
 def depth(settings: Settings, *, timeout: float | None = None) -> int:
     """Messages waiting on the train queue, not counting those a worker holds (any broker)."""
     with app_for(settings).connection_for_write(connect_timeout=timeout) as connection:
-        declared = connection.default_channel.queue_declare(queue=QUEUE, passive=False)
+        channel = connection.default_channel
+        try:
+            declared = channel.queue_declare(queue=QUEUE, passive=False)
+        finally:
+            _close_session(channel)
         return int(declared.message_count)
+
+
+def _close_session(channel: Any) -> None:
+    """Give back the database connection of an embedded-broker channel.
+
+    kombu's SQLAlchemy channel opens a session on first use and closing the channel leaves
+    it open: its pooled connection comes back only when a garbage collection frees the
+    channel. A process that reads the depth every few seconds (the reaper, /metrics) would
+    exhaust the broker's pool of 15 between collections, and the worker would stop.
+    """
+    session = getattr(channel, "_session", None)  # None on every other transport
+    if session is not None:
+        session.close()
