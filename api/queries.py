@@ -59,6 +59,7 @@ class JobFilter:
     tag: str | None = None
     q: str | None = None
     study: uuid.UUID | None = None
+    owner: uuid.UUID | None = None  # only this API key's jobs
 
 
 def list_jobs(
@@ -95,6 +96,7 @@ def _conditions(filters: JobFilter, dialect: str) -> list[ColumnElement[bool]]:
         Job.model_family: filters.family,
         Job.dataset_name: filters.dataset,
         Job.study_id: filters.study,
+        Job.owner_key_id: filters.owner,
     }
     conditions += [column == value for column, value in equal.items() if value is not None]
     if filters.tag is not None:
