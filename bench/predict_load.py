@@ -19,11 +19,20 @@ served (its serving form, batch norms folded, unless --no-fold) and the net as t
     .venv/bin/python -m bench.predict_load --replicas 2 --threads 1
     .venv/bin/python -m bench.predict_load --auth          # every request with an API key
     .venv/bin/python -m bench.predict_load --no-fold       # serve the eager net
+    .venv/bin/python -m bench.predict_load --overload      # offer twice the capacity
+
+With --overload it measures admission instead: the capacity (served req/s with wrk at
+PREDICT_QUEUE_SIZE connections, `--queue`), then offers twice that rate open-loop (requests
+sent on schedule whatever the answers, from an asyncio client in this process) and
+reports the req/s served, the share of 503s, p50/p99 latency of the served and of the
+503s (from each request's scheduled time), and the API process's resident memory before
+and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import os
 import re
@@ -142,13 +151,20 @@ def sample_png(folder: Path) -> Path:
 
 
 @contextmanager
-def api_server(env: dict[str, str], headers: dict[str, str]) -> Iterator[str]:
-    """uvicorn serving the API in a subprocess; its base URL once the zoo is described."""
+def api_server(
+    env: dict[str, str], headers: dict[str, str], pids: list[int] | None = None
+) -> Iterator[str]:
+    """uvicorn serving the API in a subprocess; its base URL once the zoo is described.
+
+    `pids` receives the server's process id.
+    """
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "--factory", "api.app:create_app"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     command += ["--no-access-log"]
     server = subprocess.Popen(command, env=os.environ | env)
+    if pids is not None:
+        pids.append(server.pid)
     base = f"http://127.0.0.1:{port}/api/v1"
     try:
         deadline = time.monotonic() + 60
@@ -311,12 +327,182 @@ def report(
     print(f"{'c64 p99 (ms)':<54}{c64.p99_ms:>9.2f}{GOAL_C64_P99_MS:>9.2f}   {met}")
 
 
+@dataclass(frozen=True)
+class Overload:
+    """An open-loop run at `offered` req/s: what was served, refused, and the API's memory."""
+
+    capacity: float  # served req/s at the queue's concurrency, closed loop
+    offered: float
+    sent: int
+    served_per_s: float
+    refused_share: float  # 503s among the answers
+    other: int  # neither 200 nor 503 (errors, resets)
+    served_p50_ms: float
+    served_p99_ms: float
+    refused_p99_ms: float
+    served_wire_p99_ms: float  # from when each request was written
+    refused_wire_p50_ms: float
+    refused_wire_p99_ms: float
+    rss_before_mib: float
+    rss_after_mib: float
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (VmRSS), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def raw_request(url: str, png: Path, headers: dict[str, str]) -> bytes:
+    """The bytes of one multipart POST of the PNG to `url` (HTTP/1.1, keep-alive)."""
+    parts = httpx.URL(url)
+    body = (
+        b"--benchboundary\r\n"
+        b'Content-Disposition: form-data; name="files"; filename="x.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + png.read_bytes() + b"\r\n--benchboundary--\r\n"
+    )
+    lines = [
+        f"POST {parts.raw_path.decode()} HTTP/1.1",
+        f"Host: {parts.host}:{parts.port}",
+        "Content-Type: multipart/form-data; boundary=benchboundary",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _exchange(
+    host: str,
+    port: int,
+    request: bytes,
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+) -> tuple[int, float]:
+    """Send one request on an idle connection (or a new one); its status and when it went."""
+    reader, writer = idle.pop() if idle else await asyncio.open_connection(host, port)
+    sent = time.perf_counter()
+    writer.write(request)
+    status = int((await reader.readline()).split()[1])
+    length, close = 0, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+        close |= name.lower() == "connection" and "close" in value.lower()
+    await reader.readexactly(length)
+    if close:
+        writer.close()
+    else:
+        idle.append((reader, writer))
+    return status, sent
+
+
+async def open_loop(
+    url: str, request: bytes, rate: float, seconds: float
+) -> list[tuple[int, float, float]]:
+    """Send `rate` requests per second for `seconds`, each on schedule.
+
+    Per request: its status, seconds from its scheduled time to its answer, and seconds
+    from when it was written (the client's own lag left out) to its answer.
+    """
+    parts = httpx.URL(url)
+    host, port = parts.host, parts.port or 80
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    results: list[tuple[int, float, float]] = []
+
+    async def one(scheduled: float) -> None:
+        sent = scheduled
+        try:
+            status, sent = await _exchange(host, port, request, idle)
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
+            status = 0
+        now = time.perf_counter()
+        results.append((status, now - scheduled, now - sent))
+
+    tasks = []
+    start = time.perf_counter()
+    for index in range(int(rate * seconds)):
+        scheduled = start + index / rate
+        await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(scheduled)))
+    await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
+    return results
+
+
+def _percentile_ms(values: list[float], share: float) -> float:
+    return float(np.percentile(values, share * 100)) * 1000 if values else float("nan")
+
+
+def overload(
+    env: dict[str, str], headers: dict[str, str], script: Path, png: Path, seconds: int, queue: int
+) -> Overload:
+    """Serve with a queue of `queue` requests, measure its capacity, then offer twice it."""
+    pids: list[int] = []
+    env = env | {"PREDICT_MAX_BATCH": "64", "PREDICT_QUEUE_SIZE": str(queue)}
+    with api_server(env, headers, pids) as base:
+        url = f"{base}/predict?model=bench@production&top_k=5"
+        files = [("files", ("x.png", png.read_bytes(), "image/png"))]
+        httpx.post(url, files=files, headers=headers, timeout=120).raise_for_status()
+        wrk(url, script, queue, 2)  # warm-up
+        capacity = wrk(url, script, queue, seconds).requests_per_s
+        rss_before = rss_mib(pids[0])
+        offered = 2 * capacity
+        results = asyncio.run(open_loop(url, raw_request(url, png, headers), offered, seconds))
+        rss_after = rss_mib(pids[0])
+    served = [s for status, s, _ in results if status == 200]
+    refused = [s for status, s, _ in results if status == 503]
+    served_wire = [s for status, _, s in results if status == 200]
+    refused_wire = [s for status, _, s in results if status == 503]
+    answered = len(served) + len(refused)
+    return Overload(
+        capacity=capacity,
+        offered=offered,
+        sent=len(results),
+        served_per_s=len(served) / seconds,
+        refused_share=len(refused) / max(1, answered),
+        other=len(results) - answered,
+        served_p50_ms=_percentile_ms(served, 0.5),
+        served_p99_ms=_percentile_ms(served, 0.99),
+        refused_p99_ms=_percentile_ms(refused, 0.99),
+        served_wire_p99_ms=_percentile_ms(served_wire, 0.99),
+        refused_wire_p50_ms=_percentile_ms(refused_wire, 0.5),
+        refused_wire_p99_ms=_percentile_ms(refused_wire, 0.99),
+        rss_before_mib=rss_before,
+        rss_after_mib=rss_after,
+    )
+
+
+def report_overload(run: Overload, queue: int, seconds: int) -> None:
+    """The overload run's figures."""
+    print(f"\nPOST /predict at twice the capacity (PREDICT_QUEUE_SIZE={queue}, {seconds} s)")
+    print(f"capacity (wrk -c{queue}, served req/s)   {run.capacity:10.0f}")
+    print(f"offered open-loop (req/s)              {run.offered:10.0f}   ({run.sent} sent)")
+    print(f"served (req/s)                         {run.served_per_s:10.0f}")
+    print(f"503 share of answers                   {run.refused_share:10.1%}")
+    print(f"other answers (errors, resets)         {run.other:10d}")
+    served = f"{run.served_p50_ms:.1f} / {run.served_p99_ms:.1f}"
+    print(f"served p50 / p99 (ms)                  {served:>10}")
+    print(f"503 p99 (ms)                           {run.refused_p99_ms:10.1f}")
+    print(f"from the write, served p99 (ms)        {run.served_wire_p99_ms:10.1f}")
+    refused = f"{run.refused_wire_p50_ms:.1f} / {run.refused_wire_p99_ms:.1f}"
+    print(f"from the write, 503 p50 / p99 (ms)     {refused:>10}")
+    memory = f"{run.rss_before_mib:.1f} / {run.rss_after_mib:.1f}"
+    print(f"API resident memory before/after (MiB) {memory:>10}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10, help="Per wrk run.")
     parser.add_argument("--replicas", type=int, default=1, help="PREDICT_REPLICAS.")
     parser.add_argument("--threads", type=int, default=0, help="PREDICT_THREADS (0: cores).")
     parser.add_argument("--auth", action="store_true", help="Serve with API keys required.")
+    parser.add_argument(
+        "--overload", action="store_true", help="Offer twice the capacity, open-loop."
+    )
+    parser.add_argument("--queue", type=int, default=64, help="PREDICT_QUEUE_SIZE (--overload).")
     parser.add_argument(
         "--no-fold", action="store_true", help="Serve the eager net: PREDICT_FOLD_BATCH_NORM=false."
     )
@@ -354,6 +540,12 @@ def main() -> None:
                 headers = {"Authorization": f"Bearer {key[1]}"}
             lines = [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
             script.write_text(LUA.replace("{png}", str(png)) + "\n".join(lines) + "\n")
+            if args.overload:
+                run = overload(env, headers, script, png, args.seconds, args.queue)
+                report_overload(run, args.queue, args.seconds)
+                load_after = os.getloadavg()[0]
+                print(f"\nload average (1 min) at start {load_before:.2f}, at end {load_after:.2f}")
+                return
             batched, unbatched = (
                 serve_and_load(env | {"PREDICT_MAX_BATCH": n}, headers, script, png, args.seconds)
                 for n in ("64", "1")
