@@ -10,9 +10,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.sse import EventSourceResponse
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from api import idempotency, queries
-from api.deps import ReadKey, SessionDep, SettingsDep, TrainCaller, TrainKey
+from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
 from api.schemas import (
     CheckpointOut,
@@ -29,7 +30,9 @@ from api.stream import job_events
 from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
+from core.errors import InvalidError
 from core.kinds import KINDS, JobSpec
+from core.owners import Caller
 from core.queue import enqueue_committed
 from core.studies import service as studies
 
@@ -52,12 +55,14 @@ def submit(
     spec: Annotated[JobSpec, Body()],
     session: SessionDep,
     settings: SettingsDep,
-    key: TrainKey,
+    caller: TrainCaller,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobOut:
-    """Validate, commit the queued job, then put its id on the train queue (202)."""
-    owner = key.key_id if key else None
+    """Validate, commit the queued job (owned by the caller's key), then put its id on the
+    train queue (202)."""
+    owner = caller.owner
+    _check_source(session, spec, caller)
     found = idempotency.earlier(session, Job, idempotency_key, owner)
     if found is None:
         job = jobs.create(
@@ -76,9 +81,23 @@ def submit(
     return JobOut.of(found)
 
 
+def _check_source(session: Session, spec: JobSpec, caller: Caller) -> None:
+    """A job another key's job feeds (an evaluation) needs that job readable by the caller."""
+    source = getattr(spec, "source_job", None)
+    if not isinstance(source, uuid.UUID):
+        return
+    owner = session.scalar(select(Job.owner_key_id).where(Job.id == source))
+    if not caller.sees(owner):  # the answer a job that does not exist gets
+        raise InvalidError(
+            f"source_job {source} is not a train job of this service", field=("body", "source_job")
+        )
+
+
 @router.get("", summary="List jobs: filter, sort, page", responses=responses(401, 403, 422))
-def list_jobs(params: Annotated[JobQuery, Query()], session: SessionDep, _: ReadKey) -> JobPage:
-    """A page of jobs; follow `next_cursor` for the next one."""
+def list_jobs(
+    params: Annotated[JobQuery, Query()], session: SessionDep, caller: ReadCaller
+) -> JobPage:
+    """A page of jobs (with READS_OWNER_ONLY, the caller's own); follow `next_cursor`."""
     filters = queries.JobFilter(
         statuses=params.status,
         kind=params.kind,
@@ -88,6 +107,7 @@ def list_jobs(params: Annotated[JobQuery, Query()], session: SessionDep, _: Read
         tag=params.tag,
         q=params.q,
         study=params.study,
+        owner=caller.reads_of,
     )
     rows, next_cursor = queries.list_jobs(
         session=session,
@@ -106,19 +126,21 @@ def list_kinds(_: ReadKey) -> list[KindOut]:
 
 
 @router.get("/{job_id}", summary="Read a job", responses=responses(401, 403, 404, 422))
-def read_job(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> JobOut:
+def read_job(job_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> JobOut:
     """Status, attempts, timestamps, worker, device, error, progress, summary and spec."""
-    return JobOut.of(jobs.get(session=session, job_id=job_id))
+    return JobOut.of(jobs.get(session=session, job_id=job_id, caller=caller))
 
 
 @router.post(
     "/{job_id}/cancel", summary="Cancel a job", responses=responses(401, 403, 404, 409, 422)
 )
 def cancel_job(
-    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey
+    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
 ) -> JobOut:
-    """A queued job is cancelled now; a running one when its worker next checks (seconds)."""
-    job = jobs.request_cancel(session=session, job_id=job_id)
+    """A queued job is cancelled now; a running one when its worker next checks (seconds).
+
+    Only the key that submitted it, or an admin key, may cancel it (403)."""
+    job = jobs.request_cancel(session=session, job_id=job_id, caller=caller)
     released = studies.release_after(session=session, job_id=job_id)
     session.commit()
     enqueue_committed(released, settings=settings)  # a cancelled study job makes room
@@ -152,9 +174,13 @@ def retry_job(
     summary="Delete a job, its rows and its artifacts",
     responses=responses(401, 403, 404, 409, 422),
 )
-def delete_job(job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey) -> None:
-    """Remove a job that is not running (cancel it first), its metrics, events and files."""
-    jobs.delete(session=session, job_id=job_id)
+def delete_job(
+    job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
+) -> None:
+    """Remove a job that is not running (cancel it first), its metrics, events and files.
+
+    Only the key that submitted it, or an admin key, may delete it (403)."""
+    jobs.delete(session=session, job_id=job_id, caller=caller)
     session.commit()  # the rows go first: a failed commit leaves the files in place
     artifacts.delete_job(settings, job_id)
 
@@ -169,14 +195,14 @@ def read_metrics(
     job_id: uuid.UUID,
     session: SessionDep,
     settings: SettingsDep,
-    _: ReadKey,
+    caller: ReadCaller,
     names: Annotated[
         str | None, Query(max_length=2000, description="Comma-separated; default: all.")
     ] = None,
     max_points: Annotated[int, Query(ge=2, le=20_000, description="Per series.")] = 1000,
 ) -> Response:
     """Each series averaged over equal step buckets (point = bucket mean at its last step)."""
-    job = jobs.get(session=session, job_id=job_id)
+    job = jobs.get(session=session, job_id=job_id, caller=caller)
     wanted = tuple(sorted({name for name in (names or "").split(",") if name}))
     body = _curves(settings.database_url, job_id, job.updated_at, wanted, max_points)
     return Response(body, media_type="application/json")
@@ -203,9 +229,11 @@ def _curves(
     summary="A job's checkpoints",
     responses=responses(401, 403, 404, 422),
 )
-def list_checkpoints(job_id: uuid.UUID, session: SessionDep, _: ReadKey) -> list[CheckpointOut]:
+def list_checkpoints(
+    job_id: uuid.UUID, session: SessionDep, caller: ReadCaller
+) -> list[CheckpointOut]:
     """The checkpoint files the job keeps, by step, with their sha256."""
-    jobs.get(session=session, job_id=job_id)
+    jobs.get(session=session, job_id=job_id, caller=caller)
     query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
     return [CheckpointOut.of(row) for row in session.scalars(query)]
 
@@ -226,7 +254,7 @@ def follow_job(
     job_id: uuid.UUID,
     session: SessionDep,
     settings: SettingsDep,
-    _: ReadKey,
+    caller: ReadCaller,
     last_event_id: Annotated[
         int, Header(ge=0, description="Resume after this log line (set by browsers).")
     ] = 0,
@@ -235,7 +263,7 @@ def follow_job(
     ] = None,
 ) -> EventSourceResponse:
     """Log lines, new metric points, progress and status until the job ends, then `end`."""
-    jobs.get(session=session, job_id=job_id)
+    jobs.get(session=session, job_id=job_id, caller=caller)
     stream = job_events(
         settings.database_url,
         job_id,
