@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import idempotency
-from api.deps import ReadKey, SessionDep, SettingsDep, TrainKey
+from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
 from api.schemas import (
     CellCurve,
@@ -65,7 +65,7 @@ def submit(
     body: Annotated[StudyIn, Body()],
     session: SessionDep,
     settings: SettingsDep,
-    key: TrainKey,
+    caller: TrainCaller,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     dry_run: Annotated[bool, Query(description="Check and count; write nothing.")] = False,
@@ -76,7 +76,7 @@ def submit(
     if dry_run:
         response.status_code = status.HTTP_200_OK
         return _preview(_request(body), settings)
-    owner = key.key_id if key else None
+    owner = caller.owner
     found = idempotency.earlier(session, Study, idempotency_key, owner)
     if found is None:
         study = service.create(
@@ -148,20 +148,23 @@ def _request(body: StudyIn) -> service.Request:
 @router.get("", summary="List studies, newest first", responses=responses(401, 403, 422))
 def list_studies(
     session: SessionDep,
-    _: ReadKey,
+    caller: ReadCaller,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> list[StudyItem]:
-    """The newest studies with their state and job counts."""
-    rows = session.scalars(select(Study).order_by(Study.created_at.desc()).limit(limit))
+    """The newest studies (with READS_OWNER_ONLY, the caller's own), their state and counts."""
+    query = select(Study).order_by(Study.created_at.desc()).limit(limit)
+    if caller.reads_of is not None:
+        query = query.where(Study.owner_key_id == caller.reads_of)
+    rows = session.scalars(query)
     return [_study_item(session, study) for study in rows]
 
 
 @router.get(
     "/{study_id}", summary="A study and its results", responses=responses(401, 403, 404, 422)
 )
-def read_study(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> StudyOut:
+def read_study(study_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> StudyOut:
     """State, counts, each cell's statistics over seeds beside the papers' number, the jobs."""
-    return _study_out(session, service.get(session=session, study_id=study_id))
+    return _study_out(session, service.get(session=session, study_id=study_id, caller=caller))
 
 
 @router.get(
@@ -170,9 +173,9 @@ def read_study(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> StudyOut
     response_class=Response,
     responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 404, 422)},
 )
-def results_csv(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
+def results_csv(study_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> Response:
     """One row per cell: axis values, seeds, each error's statistics, the papers' number."""
-    study = service.get(session=session, study_id=study_id)
+    study = service.get(session=session, study_id=study_id, caller=caller)
     body = results.as_csv(study, results.cells(session=session, study=study))
     return Response(body, media_type="text/csv", headers=_attachment(study, "csv"))
 
@@ -183,9 +186,9 @@ def results_csv(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Respons
     response_class=Response,
     responses={200: {"content": {"text/markdown": {}}}, **responses(401, 403, 404, 422)},
 )
-def results_markdown(study_id: uuid.UUID, session: SessionDep, _: ReadKey) -> Response:
+def results_markdown(study_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> Response:
     """The table the way the papers print it: errors in %, ours beside theirs."""
-    study = service.get(session=session, study_id=study_id)
+    study = service.get(session=session, study_id=study_id, caller=caller)
     body = results.as_markdown(study, results.cells(session=session, study=study))
     return Response(body, media_type="text/markdown")
 
@@ -202,7 +205,7 @@ def _attachment(study: Study, suffix: str) -> dict[str, str]:
 def read_curves(
     study_id: uuid.UUID,
     session: SessionDep,
-    _: ReadKey,
+    caller: ReadCaller,
     metric: Annotated[str, Query(max_length=100)] = "train/error",
     center: Literal["median", "mean"] = "median",
     band: Literal["minmax", "std"] = "minmax",
@@ -210,7 +213,7 @@ def read_curves(
 ) -> StudyCurvesOut:
     """At each logged step, the median (or mean) over the cell's seeds with a min-max (or
     +-std) band; steps thinned evenly to `max_points`, each value exact."""
-    study = service.get(session=session, study_id=study_id)
+    study = service.get(session=session, study_id=study_id, caller=caller)
     found = results.curves(
         session=session, study=study, metric=metric, center=center, band=band, limit=max_points
     )
@@ -225,9 +228,11 @@ def read_curves(
 @router.post(
     "/{study_id}/cancel", summary="Cancel a study", responses=responses(401, 403, 404, 409, 422)
 )
-def cancel_study(study_id: uuid.UUID, session: SessionDep, _: TrainKey) -> StudyOut:
-    """Every unfinished job: held and queued ones now, running ones within seconds."""
-    study = service.cancel(session=session, study_id=study_id)
+def cancel_study(study_id: uuid.UUID, session: SessionDep, caller: TrainCaller) -> StudyOut:
+    """Every unfinished job: held and queued ones now, running ones within seconds.
+
+    Only the key that submitted it, or an admin key, may cancel it (403)."""
+    study = service.cancel(session=session, study_id=study_id, caller=caller)
     session.commit()
     return _study_out(session, study)
 
@@ -239,10 +244,12 @@ def cancel_study(study_id: uuid.UUID, session: SessionDep, _: TrainKey) -> Study
     responses=responses(401, 403, 404, 409, 422),
 )
 def delete_study(
-    study_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _: TrainKey
+    study_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
 ) -> None:
-    """Remove a study none of whose jobs runs (cancel it first), its jobs and their files."""
-    job_ids = service.delete(session=session, study_id=study_id)
+    """Remove a study none of whose jobs runs (cancel it first), its jobs and their files.
+
+    Only the key that submitted it, or an admin key, may delete it (403)."""
+    job_ids = service.delete(session=session, study_id=study_id, caller=caller)
     session.commit()  # the rows go first: a failed commit leaves the files in place
     for job_id in job_ids:
         artifacts.delete_job(settings, job_id)
@@ -260,6 +267,7 @@ def _study_item(session: Session, study: Study) -> StudyItem:
         state=service.state(study, by_status),
         counts=StudyCounts(**by_status, done=done, total=sum(by_status.values())),
         max_parallel=study.max_parallel,
+        owner=study.owner_key_id,
         created_at=study.created_at,
     )
 

@@ -25,3 +25,12 @@ def client(settings: Settings, anonymous: TestClient) -> Iterator[TestClient]:
     key = make_key(settings.database_url, "read", "train")
     with TestClient(anonymous.app, headers={"Authorization": f"Bearer {key}"}) as authorized:
         yield authorized
+
+
+@pytest.fixture(scope="module")
+def admin(settings: Settings, anonymous: TestClient) -> Iterator[TestClient]:
+    """A client of the same app with an admin key: it may change the jobs the tests make
+    straight in the database, which no key owns."""
+    key = make_key(settings.database_url, "admin")
+    with TestClient(anonymous.app, headers={"Authorization": f"Bearer {key}"}) as authorized:
+        yield authorized

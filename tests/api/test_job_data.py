@@ -195,28 +195,28 @@ def test_events_resume_after_last_event_id(client: TestClient, settings: Setting
     assert events[-1]["event"] == "end"
 
 
-def test_cancel_queued_then_again(client: TestClient, settings: Settings) -> None:
+def test_cancel_queued_then_again(admin: TestClient, settings: Settings) -> None:
     job_id = new_job(settings.database_url)
-    cancelled = client.post(f"{JOBS}/{job_id}/cancel")
+    cancelled = admin.post(f"{JOBS}/{job_id}/cancel")
     assert cancelled.status_code == 200
     assert cancelled.json()["status"] == "cancelled"
-    again = client.post(f"{JOBS}/{job_id}/cancel")
+    again = admin.post(f"{JOBS}/{job_id}/cancel")
     assert again.status_code == 409
     assert "already cancelled" in again.json()["error"]["message"]
-    assert client.post(f"{JOBS}/{uuid.uuid4()}/cancel").status_code == 404
+    assert admin.post(f"{JOBS}/{uuid.uuid4()}/cancel").status_code == 404
 
 
 def test_a_running_job_is_asked_to_cancel_and_cannot_be_deleted(
-    client: TestClient, settings: Settings
+    admin: TestClient, settings: Settings
 ) -> None:
     job_id = new_job(settings.database_url)
     claim(settings.database_url, job_id)
-    asked = client.post(f"{JOBS}/{job_id}/cancel").json()
+    asked = admin.post(f"{JOBS}/{job_id}/cancel").json()
     assert (asked["status"], asked["cancel_requested"]) == ("running", True)
-    refused = client.delete(f"{JOBS}/{job_id}")
+    refused = admin.delete(f"{JOBS}/{job_id}")
     assert refused.status_code == 409
     assert "cancel it first" in refused.json()["error"]["message"]
-    assert client.get(f"{JOBS}/{job_id}").status_code == 200
+    assert admin.get(f"{JOBS}/{job_id}").status_code == 200
 
 
 def _row_counts(url: str, job_id: uuid.UUID) -> list[int]:
@@ -229,7 +229,7 @@ def _row_counts(url: str, job_id: uuid.UUID) -> list[int]:
 
 
 def test_checkpoints_are_listed_and_delete_removes_rows_and_files(
-    client: TestClient, settings: Settings
+    admin: TestClient, settings: Settings
 ) -> None:
     url = settings.database_url
     job_id = new_job(url)
@@ -247,14 +247,14 @@ def test_checkpoints_are_listed_and_delete_removes_rows_and_files(
             session=session, job_id=job_id, token=token, points=[jobs.Point("lr", 4, 0.1)]
         )
     finish(url, job_id, token)
-    listed = client.get(f"{JOBS}/{job_id}/checkpoints").json()
+    listed = admin.get(f"{JOBS}/{job_id}/checkpoints").json()
     assert [(c["step"], c["is_best"], c["bytes"]) for c in listed] == [(4, True, 7)]
     assert all(count > 0 for count in _row_counts(url, job_id))
-    assert client.delete(f"{JOBS}/{job_id}").status_code == 204
-    assert client.get(f"{JOBS}/{job_id}").status_code == 404
+    assert admin.delete(f"{JOBS}/{job_id}").status_code == 204
+    assert admin.get(f"{JOBS}/{job_id}").status_code == 404
     assert _row_counts(url, job_id) == [0, 0, 0]
     assert not folder.exists()
-    assert client.delete(f"{JOBS}/{job_id}").status_code == 404
+    assert admin.delete(f"{JOBS}/{job_id}").status_code == 404
 
 
 def test_long_curves_are_sampled_at_written_points(client: TestClient, settings: Settings) -> None:
