@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import ReadKey, RefsDep, SessionDep, TrainKey
+from api.deps import ReadCaller, RefsDep, SessionDep, TrainCaller
 from api.errors import responses
 from api.model_cache import RefCache
 from api.schemas import (
@@ -30,11 +30,14 @@ router = APIRouter(prefix="/registry", tags=["registry"])
 
 @router.get("", summary="Registered models", responses=responses(401, 403, 422))
 def list_models(
-    params: Annotated[RegistryQuery, Query()], session: SessionDep, _: ReadKey
+    params: Annotated[RegistryQuery, Query()], session: SessionDep, caller: ReadCaller
 ) -> RegisteredModelPage:
     """A page of models in name order, each with its versions (job, dataset, test error,
-    params, sha256) and aliases; `q` keeps the names that contain it."""
+    params, sha256) and aliases; `q` keeps the names that contain it. With
+    READS_OWNER_ONLY, the caller's own models."""
     query = select(RegisteredModel).order_by(RegisteredModel.name).limit(params.limit + 1)
+    if caller.reads_of is not None:
+        query = query.where(RegisteredModel.owner_key_id == caller.reads_of)
     if params.cursor is not None:  # the last name of the previous page
         query = query.where(RegisteredModel.name > params.cursor)
     if params.q:
@@ -47,9 +50,10 @@ def list_models(
 
 
 @router.get("/{name}", summary="A registered model", responses=responses(401, 403, 404, 422))
-def read_model(name: str, session: SessionDep, _: ReadKey) -> RegisteredModelOut:
+def read_model(name: str, session: SessionDep, caller: ReadCaller) -> RegisteredModelOut:
     """The model's versions and aliases."""
-    return _described(session, [model_registry.get_model(session=session, name=name)])[0]
+    model = model_registry.get_model(session=session, name=name, caller=caller)
+    return _described(session, [model])[0]
 
 
 @router.post(
@@ -63,11 +67,12 @@ def register_version(
     body: Annotated[RegisterIn, Body()],
     session: SessionDep,
     refs: RefsDep,
-    _: TrainKey,
+    caller: TrainCaller,
 ) -> VersionOut:
-    """Add a succeeded train job's best or last checkpoint; the model is created on first use."""
+    """Add a succeeded train job's best or last checkpoint; the model is created on first use,
+    owned by the caller's key, and only that key (or an admin key) adds versions later."""
     version = model_registry.register(
-        session=session, name=name, job_id=body.job, checkpoint=body.checkpoint
+        session=session, name=name, job_id=body.job, checkpoint=body.checkpoint, caller=caller
     )
     _committed(session, refs)  # `name` now means this version
     job = session.get(Job, version.job_id)
@@ -86,10 +91,14 @@ def set_alias(
     body: Annotated[AliasIn, Body()],
     session: SessionDep,
     refs: RefsDep,
-    _: TrainKey,
+    caller: TrainCaller,
 ) -> AliasOut:
-    """Create or move an alias; the next prediction through it uses the new version."""
-    row = model_registry.set_alias(session=session, name=name, alias=alias, version=body.version)
+    """Create or move an alias; the next prediction through it uses the new version.
+
+    Only the model's owner (or an admin key) moves its aliases (403)."""
+    row = model_registry.set_alias(
+        session=session, name=name, alias=alias, version=body.version, caller=caller
+    )
     _committed(session, refs)
     return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
 
@@ -100,9 +109,11 @@ def set_alias(
     summary="Remove an alias",
     responses=responses(401, 403, 404, 422),
 )
-def delete_alias(name: str, alias: str, session: SessionDep, refs: RefsDep, _: TrainKey) -> None:
-    """Predictions through `name@alias` answer 404 from now on."""
-    model_registry.delete_alias(session=session, name=name, alias=alias)
+def delete_alias(
+    name: str, alias: str, session: SessionDep, refs: RefsDep, caller: TrainCaller
+) -> None:
+    """Predictions through `name@alias` answer 404 from now on (the model's owner or admin)."""
+    model_registry.delete_alias(session=session, name=name, alias=alias, caller=caller)
     _committed(session, refs)
 
 
@@ -113,10 +124,16 @@ def delete_alias(name: str, alias: str, session: SessionDep, refs: RefsDep, _: T
     responses=responses(401, 403, 404, 409, 422),
 )
 def delete_version(
-    name: str, version: int, session: SessionDep, refs: RefsDep, _: TrainKey
+    name: str,
+    version: int,
+    session: SessionDep,
+    refs: RefsDep,
+    caller: TrainCaller,
 ) -> None:
-    """Remove the version (its job and checkpoint stay); 409 while an alias points to it."""
-    model_registry.delete_version(session=session, name=name, version=version)
+    """Remove the version (its job and checkpoint stay); 409 while an alias points to it.
+
+    Only the model's owner (or an admin key) deletes its versions (403)."""
+    model_registry.delete_version(session=session, name=name, version=version, caller=caller)
     _committed(session, refs)
 
 
@@ -151,6 +168,7 @@ def _described(session: Session, models: Sequence[RegisteredModel]) -> list[Regi
     return [
         RegisteredModelOut(
             name=model.name,
+            owner=model.owner_key_id,
             created_at=model.created_at,
             versions=[_version_out(version, job) for version, job in versions[model.id]],
             aliases=aliases[model.id],
@@ -173,6 +191,7 @@ def _version_out(version: ModelVersion, job: Job) -> VersionOut:
             "dataset": job.dataset_name,
             "test_error": error,
             "params": job.params,
+            "owner": version.owner_key_id,
             "created_at": version.created_at,
         }
     )
