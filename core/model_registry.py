@@ -12,10 +12,11 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from core import artifacts
-from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel, utcnow
 from core.errors import ConflictError, InvalidError, NotFoundError
 from core.owners import ANYONE, Caller, check_owner, check_visible
 
@@ -61,11 +62,7 @@ def register(
         raise InvalidError(
             f"job {job_id} has no {checkpoint} checkpoint", field=("body", "checkpoint")
         )
-    model = session.scalar(select(RegisteredModel).where(RegisteredModel.name == name))
-    if model is None:
-        model = RegisteredModel(name=name, owner_key_id=caller.owner)
-        session.add(model)
-        session.flush()
+    model = _locked_model(session, name, caller)
     check_owner(caller, model.owner_key_id, f"model {name!r}", "add versions to")
     latest = session.scalar(
         select(func.max(ModelVersion.version)).where(ModelVersion.model_id == model.id)
@@ -83,6 +80,19 @@ def register(
     session.add(version)
     session.flush()
     return version
+
+
+def _locked_model(session: Session, name: str, caller: Caller) -> RegisteredModel:
+    """The model `name`, made now if new, locked to the end of the transaction: concurrent
+    registrations of one name create it once and number their versions one after another."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(RegisteredModel)
+        .values(name=name, owner_key_id=caller.owner, created_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    query = select(RegisteredModel).where(RegisteredModel.name == name).with_for_update()
+    return session.scalars(query).one()
 
 
 def set_alias(
@@ -185,9 +195,16 @@ def get_model(*, session: Session, name: str, caller: Caller = ANYONE) -> Regist
 
 
 def _changeable(session: Session, name: str, caller: Caller, action: str) -> RegisteredModel:
-    """The model called `name` if the caller may `action` it; else 404 or `NotOwnedError`."""
+    """The model called `name` if the caller may `action` it; else 404 or `NotOwnedError`.
+
+    Its row stays locked to the end of the transaction: concurrent changes of one model's
+    versions and aliases go one after another, each seeing the one before.
+    """
     model = get_model(session=session, name=name, caller=caller)
     check_owner(caller, model.owner_key_id, f"model {name!r}", action)
+    session.execute(
+        select(RegisteredModel.id).where(RegisteredModel.id == model.id).with_for_update()
+    )
     return model
 
 

@@ -221,7 +221,9 @@ def fit(
                     save_checkpoint(is_best=False)
                 break
 
-    if evaluated_at != state.step:
+    # A stopped run is not evaluated again (a hand-back must be quick and its step axis
+    # whole): its summary carries its last evaluation.
+    if evaluated_at != state.step and not stopped:
         evaluations = _evaluate_all(
             runner, eval_sets, info, state, state.step, state.step / per_epoch, sink, amp_dtype
         )

@@ -16,7 +16,7 @@ import uuid
 from sqlalchemy.orm import Session
 
 from core import jobs, queue
-from core.db.session import session_scope
+from core.db.session import UNAVAILABLE, session_scope
 from core.queue import enqueue
 from core.settings import Settings
 from core.studies import service as studies
@@ -83,6 +83,10 @@ class Reaper(threading.Thread):
         while not self._done.is_set():
             try:
                 reap_once(self.settings)
+            except UNAVAILABLE as error:
+                log.warning(
+                    "reaper: the database is unreachable; next try in %.0f s: %s", seconds, error
+                )
             except Exception:
                 log.exception("reaper pass failed; next try in %.0f s", seconds)
             self._done.wait(seconds)
