@@ -139,10 +139,10 @@ async def _database_unavailable(request: Request, error: Exception) -> JSONRespo
     return _render(503, "unavailable", DATABASE_UNAVAILABLE, [], headers)
 
 
-# FastAPI answers 400 with this for a body it cannot decode (bytes that are not UTF-8, a
-# broken multipart form) but 422 for one that is not JSON: both are bodies a route cannot
-# use, so both are a 422, the status every route with a body documents.
-_UNPARSABLE_BODY = "There was an error parsing the body"
+# The framework answers 400 for a body it cannot decode (bytes that are not UTF-8, a broken
+# multipart form) but 422 for one that is not JSON: both are bodies a route cannot use, so
+# both are a 422, the status every route with a body documents. (The service's own 400s
+# are `ApiError`s, never an HTTPException.)
 UNPARSABLE_BODY = (
     "the body could not be parsed: send JSON in UTF-8, or a multipart form to the routes "
     "that take files"
@@ -151,9 +151,9 @@ UNPARSABLE_BODY = (
 
 async def _http_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
-    if error.status_code == 400 and error.detail == _UNPARSABLE_BODY:
-        detail = ErrorDetail(loc=["body"], msg=UNPARSABLE_BODY)
-        return _render(422, "invalid", f"body: {UNPARSABLE_BODY}", [detail])
+    if error.status_code == 400:
+        message = f"{UNPARSABLE_BODY} ({error.detail})"
+        return _render(422, "invalid", f"body: {message}", [ErrorDetail(loc=["body"], msg=message)])
     code = _CODES.get(error.status_code, "error")
     headers = dict(error.headers) if error.headers else None
     return _render(error.status_code, code, str(error.detail), [], headers)
