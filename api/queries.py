@@ -144,22 +144,60 @@ def encode_cursor(sort: str, job: Job) -> str:
 
 
 def decode_cursor(cursor: str, sort: str) -> tuple[Any, uuid.UUID]:
-    """The (sort key, id) of a cursor; ValueError when it is not one of `sort`'s."""
+    """The (sort key, id) of a cursor; `InvalidError` when it is not one of `sort`'s."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        cursor_sort, value, job_id = json.loads(raw)
-        after_id = uuid.UUID(job_id)
-    except (binascii.Error, ValueError, TypeError) as error:
-        raise InvalidError(
-            "cursor is not one this API gave out", field=("query", "cursor")
-        ) from error
+        parts = json.loads(raw)
+    except (binascii.Error, ValueError) as error:
+        raise _bad_cursor("it is not base64 of JSON") from error
+    if not isinstance(parts, list) or len(parts) != 3:
+        raise _bad_cursor("it is not a [sort, value, id] list")
+    cursor_sort, value, job_id = parts
     if cursor_sort != sort:
         raise InvalidError(
             f"cursor belongs to sort={cursor_sort}, not sort={sort}", field=("query", "cursor")
         )
-    if value is not None and sort.lstrip("-") in ("created", "finished"):
-        value = datetime.fromisoformat(value)
-    return value, after_id
+    return _cursor_value(value, sort), _cursor_id(job_id)
+
+
+def _cursor_id(job_id: Any) -> uuid.UUID:
+    """The job id of a cursor: a UUID in its string form."""
+    if isinstance(job_id, str):
+        try:
+            return uuid.UUID(job_id)
+        except ValueError:
+            pass
+    raise _bad_cursor("its id is not a job id")
+
+
+def _cursor_value(value: Any, sort: str) -> Any:
+    """The sort key of a cursor: an ISO time for the times, a number for errors, or null."""
+    key = sort.lstrip("-")
+    if value is None:
+        if key not in _NULLABLE:
+            raise _bad_cursor(f"its {key} value is null")
+        return None
+    if key in ("created", "finished"):
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value)
+            except ValueError:
+                pass
+        raise _bad_cursor(f"its {key} value is not an ISO time")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad_cursor(f"its {key} value is not a number")
+    try:
+        return float(value)
+    except OverflowError:
+        raise _bad_cursor(f"its {key} value is out of range") from None
+
+
+def _bad_cursor(why: str) -> InvalidError:
+    return InvalidError(
+        f"cursor is not one this API gave out ({why}); pass a page's next_cursor as it came, "
+        "or leave cursor out for the first page",
+        field=("query", "cursor"),
+    )
 
 
 def metric_series(

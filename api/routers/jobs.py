@@ -256,10 +256,12 @@ def follow_job(
     settings: SettingsDep,
     caller: ReadCaller,
     last_event_id: Annotated[
-        int, Header(ge=0, description="Resume after this log line (set by browsers).")
+        int,
+        Header(ge=0, le=2**63 - 1, description="Resume after this log line (set by browsers)."),
     ] = 0,
     since_step: Annotated[
-        int | None, Query(ge=0, description="Metric points from this step; default: new only.")
+        int | None,
+        Query(ge=0, le=2**31 - 1, description="Metric points from this step; default: new only."),
     ] = None,
 ) -> EventSourceResponse:
     """Log lines, new metric points, progress and status until the job ends, then `end`."""

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, status
+from fastapi import APIRouter, Body, Path, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -125,7 +125,7 @@ def delete_alias(
 )
 def delete_version(
     name: str,
-    version: int,
+    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
     session: SessionDep,
     refs: RefsDep,
     caller: TrainCaller,
