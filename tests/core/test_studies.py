@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -117,7 +118,7 @@ def test_the_markdown_table_shows_an_option_cell_as_key_value_pairs() -> None:
     options = {"shortcut_variant": "exclusive_gating", "gate_bias": -6}
     study = Study(spec={"grid": {"model.options": [options]}}, metric="final_test_error")
     unfinished = {"median": None, "min": None, "max": None}
-    row = {
+    row: dict[str, Any] = {
         "values": {"model.options": options},
         "seeds_done": [],
         "jobs": 2,
