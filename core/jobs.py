@@ -17,7 +17,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import artifacts, kinds
+from core import artifacts, kinds, owners
 from core.db.tables import (
     FINAL_STATUSES,
     Checkpoint,
@@ -28,9 +28,9 @@ from core.db.tables import (
     RegisteredModel,
     utcnow,
 )
-from core.errors import ConflictError, NotFoundError
+from core.errors import ConflictError
 from core.kinds.base import KindSpec
-from core.owners import ANYONE, Caller, check_owner, check_visible
+from core.owners import ANYONE, Caller
 from core.settings import Settings
 
 
@@ -59,23 +59,12 @@ class Point:
 
 def get(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYONE) -> Job:
     """The job, or `NotFoundError` (also when the caller may not read it)."""
-    job = session.get(Job, job_id)
-    missing = f"job {job_id} does not exist"
-    if job is None:
-        raise NotFoundError(missing)
-    check_visible(caller, job.owner_key_id, missing)
-    return job
+    return owners.fetch(session, Job, job_id, caller, noun="job")
 
 
 def _changeable(session: Session, job_id: uuid.UUID, caller: Caller, action: str) -> Job:
     """The job, locked, if the caller may `action` it; else 404 or `NotOwnedError`."""
-    job = session.get(Job, job_id, with_for_update=True)
-    missing = f"job {job_id} does not exist"
-    if job is None:
-        raise NotFoundError(missing)
-    check_visible(caller, job.owner_key_id, missing)
-    check_owner(caller, job.owner_key_id, f"job {job_id}", action)
-    return job
+    return owners.fetch(session, Job, job_id, caller, noun="job", action=action)
 
 
 def create(

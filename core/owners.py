@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import TypeVar
 
+from sqlalchemy.orm import Session
+
+from core.db.tables import Job, Study
 from core.errors import NotFoundError, NotOwnedError
 from core.keys import Principal
+
+Row = TypeVar("Row", Job, Study)
 
 
 @dataclass(frozen=True)
@@ -63,3 +69,24 @@ def check_owner(caller: Caller, owner: uuid.UUID | None, what: str, action: str)
             f"this API key does not own {what}; only the key that made it or an admin key "
             f"may {action} it"
         )
+
+
+def fetch(
+    session: Session,
+    table: type[Row],
+    row_id: uuid.UUID,
+    caller: Caller,
+    *,
+    noun: str,
+    action: str | None = None,
+) -> Row:
+    """The row `row_id` of `table` if the caller may read it, else `NotFoundError`; given
+    an `action`, locked, and only if the caller may `action` it, else `NotOwnedError`."""
+    row = session.get(table, row_id, with_for_update=action is not None)
+    missing = f"{noun} {row_id} does not exist"
+    if row is None:
+        raise NotFoundError(missing)
+    check_visible(caller, row.owner_key_id, missing)
+    if action is not None:
+        check_owner(caller, row.owner_key_id, f"{noun} {row_id}", action)
+    return row

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import jobs, owners
 from core.db.tables import FINAL_STATUSES, JOB_STATUSES, Job, Study, utcnow
-from core.errors import ConflictError, NotFoundError
-from core.owners import ANYONE, Caller, check_owner, check_visible
+from core.errors import ConflictError
+from core.owners import ANYONE, Caller
 from core.studies import grid, presets
 
 
@@ -111,23 +111,12 @@ def create(
 
 def get(*, session: Session, study_id: uuid.UUID, caller: Caller = ANYONE) -> Study:
     """The study, or `NotFoundError` (also when the caller may not read it)."""
-    study = session.get(Study, study_id)
-    missing = f"study {study_id} does not exist"
-    if study is None:
-        raise NotFoundError(missing)
-    check_visible(caller, study.owner_key_id, missing)
-    return study
+    return owners.fetch(session, Study, study_id, caller, noun="study")
 
 
 def _changeable(session: Session, study_id: uuid.UUID, caller: Caller, action: str) -> Study:
     """The study, locked, if the caller may `action` it; else 404 or `NotOwnedError`."""
-    study = session.get(Study, study_id, with_for_update=True)
-    missing = f"study {study_id} does not exist"
-    if study is None:
-        raise NotFoundError(missing)
-    check_visible(caller, study.owner_key_id, missing)
-    check_owner(caller, study.owner_key_id, f"study {study_id}", action)
-    return study
+    return owners.fetch(session, Study, study_id, caller, noun="study", action=action)
 
 
 def release(*, session: Session, study_id: uuid.UUID) -> list[uuid.UUID]:
