@@ -48,7 +48,8 @@ def queue(broker: redis.Redis) -> redis.Redis:
 def settings(
     postgres_url: str, broker: redis.Redis, tmp_path_factory: pytest.TempPathFactory
 ) -> Settings:
-    """The service's settings for this module: auth on, fast event-stream polls."""
+    """The service's settings for this module: auth on, fast event-stream polls, no submit
+    rate limit."""
     root = tmp_path_factory.mktemp("service")
     db = broker.connection_pool.connection_kwargs["db"]
     return Settings(
@@ -59,6 +60,7 @@ def settings(
         auth_enabled=True,
         stream_poll_seconds=0.05,
         max_upload_bytes=64 * 1024,
+        rate_limit_submits_per_minute=0,  # tests submit in bursts; tests/api/test_limits.py
     )
 
 
