@@ -85,16 +85,22 @@ async def _principal(
         return None
     if credentials is None:
         raise UnauthorizedError("an API key is required: send `Authorization: Bearer rs_...`")
-    key = credentials.credentials
-    checked: KeyCache = request.app.state.keys
+    principal = await check_key(request.app.state.keys, settings, credentials.credentials)
+    if principal is None:
+        raise UnauthorizedError("the API key is malformed, unknown or revoked")
+    return principal
+
+
+async def check_key(checked: KeyCache, settings: Settings, key: str) -> Principal | None:
+    """The key's principal (None: malformed, unknown or revoked), from `checked` when it
+    was checked within AUTH_CACHE_SECONDS, else from the database (and then cached)."""
     digest = hashlib.sha256(key.encode()).hexdigest()  # the plaintext is not kept
     principal = checked.get(digest, settings.auth_cache_seconds)
     if principal is None:
         generation = checked.generation
         principal = await run_in_threadpool(_authenticate, settings.database_url, key)
-        if principal is None:
-            raise UnauthorizedError("the API key is malformed, unknown or revoked")
-        checked.put(digest, principal, generation)
+        if principal is not None:
+            checked.put(digest, principal, generation)
     return principal
 
 

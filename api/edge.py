@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -20,15 +19,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.cache import TtlCache
+from api.deps import check_key
 from api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE
 from api.schemas import API_PREFIX, ErrorOut
-from core import keys
-from core.db.session import UNAVAILABLE, session_scope
+from core.db.session import UNAVAILABLE
 from core.keys import Principal
 from core.redaction import public_text
 from core.settings import Settings
@@ -160,7 +158,7 @@ class AuthFirst:
             await self.app(scope, receive, send)
             return
         key = bearer_key(Headers(scope=scope).get("authorization", ""))
-        principal = await self._principal(key) if key else None
+        principal = await check_key(self.checked, self.settings, key) if key else None
         if principal is not None:
             scope.setdefault("state", {})[PRINCIPAL] = principal
         elif scope["method"] not in SAFE_METHODS:
@@ -173,27 +171,11 @@ class AuthFirst:
             return
         await self.app(scope, receive, send)
 
-    async def _principal(self, key: str) -> Principal | None:
-        """The key's principal, through the routes' cache of checked keys (api.deps)."""
-        digest = hashlib.sha256(key.encode()).hexdigest()
-        principal = self.checked.get(digest, self.settings.auth_cache_seconds)
-        if principal is None:
-            generation = self.checked.generation
-            principal = await run_in_threadpool(_authenticate, self.settings.database_url, key)
-            if principal is not None:
-                self.checked.put(digest, principal, generation)
-        return principal
-
 
 def bearer_key(authorization: str) -> str | None:
     """The key of an `Authorization: Bearer KEY` header, as FastAPI's HTTPBearer reads it."""
     scheme, _, key = authorization.partition(" ")
     return (key.strip() or None) if scheme.lower() == "bearer" else None
-
-
-def _authenticate(url: str, key: str) -> Principal | None:
-    with session_scope(url) as session:
-        return keys.authenticate(session=session, key=key)
 
 
 def caller(scope: Scope) -> str:
