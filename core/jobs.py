@@ -358,9 +358,17 @@ def take_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
         Job.cancel_requested.is_(False),
         Job.updated_at < cutoff,
     )
+    # Rows locked by a writer are skipped, not waited for: a writer frozen mid-transaction
+    # must not hold up the reaping of every other job (its lock goes with its session).
+    unlocked = select(Job.id).where(abandoned).with_for_update(skip_locked=True)
     # Touching updated_at is the reaper's claim: concurrent reapers re-check the condition.
     return list(
-        session.scalars(update(Job).where(abandoned).values(updated_at=utcnow()).returning(Job.id))
+        session.scalars(
+            update(Job)
+            .where(Job.id.in_(unlocked.scalar_subquery()), abandoned)
+            .values(updated_at=utcnow())
+            .returning(Job.id)
+        )
     )
 
 

@@ -19,6 +19,11 @@ from sqlalchemy.pool import NullPool
 # (no pooled connection free counts too): worth a retry, never a fault of the request.
 UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)
 
+# No transaction of the service sits idle this long; one that does belongs to a process
+# frozen mid-write (SIGSTOP, a hung host), and Postgres ends it so that its row locks go
+# and other workers can take its job over.
+IDLE_IN_TRANSACTION_S = 30
+
 
 def get_engine(url: str, *, pooled: bool = True) -> Engine:
     """One engine per database URL per process; `pooled=False` keeps no idle connection."""
@@ -38,7 +43,8 @@ def _engine(url: str, pooled: bool) -> Engine:
         return engine
     if pooled:
         pool = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 20}
-    return create_engine(url, **pool)
+    timeout = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}"
+    return create_engine(url, connect_args={"options": timeout}, **pool)
 
 
 def _sqlite_pragmas(connection: object, _record: object) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text, update
 
 from core import jobs
-from core.db.session import session_scope
+from core.db.session import IDLE_IN_TRANSACTION_S, get_engine, session_scope
 from core.db.tables import Job, Metric
 from core.errors import ConflictError
 from core.kinds import TrainJobSpec
@@ -115,3 +115,32 @@ def test_cancel_queued_and_running(database_url: str) -> None:
         )
         assert count is not None
         assert count >= 2
+
+
+
+def _lease_ran_out_long_ago(url: str, *job_ids: uuid.UUID) -> None:
+    with session_scope(url) as session:
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(job_ids))
+            .values(updated_at=func.now() - text("interval '1 hour'"))
+        )
+
+
+def test_a_writer_frozen_mid_transaction_holds_up_no_reaping(postgres_url: str) -> None:
+    frozen, other = _new_job(postgres_url), _new_job(postgres_url)
+    for job_id in (frozen, other):
+        assert _claim(postgres_url, job_id, lease=-1) is not None
+    _lease_ran_out_long_ago(postgres_url, frozen, other)
+    with get_engine(postgres_url).connect() as writer:  # a paused worker's open transaction
+        writer.execute(select(Job.id).where(Job.id == frozen).with_for_update())
+        with session_scope(postgres_url) as session:
+            taken = jobs.take_expired(session=session, lease_seconds=1)
+        assert other in taken and frozen not in taken
+        # The server ends a transaction left idle this long, and its locks with it.
+        timeout = writer.execute(text("SHOW idle_in_transaction_session_timeout")).scalar()
+        assert timeout == f"{IDLE_IN_TRANSACTION_S}s"
+        writer.rollback()
+    _lease_ran_out_long_ago(postgres_url, frozen)
+    with session_scope(postgres_url) as session:
+        assert frozen in jobs.take_expired(session=session, lease_seconds=1)
