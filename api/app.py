@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import edge, errors, ratelimit
 from api.deps import KeyCache
-from api.limits import BodyLimit
+from api.limits import BodyLimit, PredictShed
 from api.model_cache import ModelCache, RefCache
 from api.model_process import ServingOptions
 from api.routers import (
@@ -61,6 +61,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
     # Each middleware added wraps those before it: the edge runs before limits and bodies.
     ratelimit.install(app, settings)
+    # Right after authentication: a full model queue refuses before routing or bodies.
+    ttl_s = settings.predict_ref_ttl_ms / 1000
+    owners = settings.reads_owner_only
+    app.add_middleware(PredictShed, path=predict.PATH, ttl_s=ttl_s, reads_owner_only=owners)
     edge.install(app, settings, app.state.keys)
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
     app.include_router(_api())

@@ -39,13 +39,21 @@ PRINCIPAL = "principal"  # where AuthFirst leaves the key it checked, in the req
 
 
 async def answer(
-    send: Send, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    close: bool = True,
 ) -> None:
-    """Answer with the shared error shape; the connection closes (a body may be unread)."""
+    """Answer with the shared error shape; the connection closes (a body may be unread)
+    unless `close` is False (uvicorn discards the rest of a body answered before it came)."""
     body = ErrorOut.model_validate(
         {"error": {"code": code, "message": message, "details": []}}
     ).model_dump_json()
-    raw = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    raw = [(b"content-type", b"application/json")]
+    raw += [(b"connection", b"close")] if close else []
     raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body.encode()})

@@ -1,16 +1,22 @@
-"""Request body limits, answered with the shared error shape (413).
+"""Request limits answered before a route runs: body sizes (413) and full model queues (503).
 
 A declared Content-Length over the limit is refused before the body is read; a chunked
-body is counted as it arrives and refused once it passes the limit.
+body is counted as it arrives and refused once it passes the limit. A prediction for a
+model whose request queue is full is refused before routing, dependencies or its body.
 """
 
 from __future__ import annotations
+
+from urllib.parse import parse_qs
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.edge import PRINCIPAL, answer
+from api.errors import RETRY_AFTER_S
 from api.schemas import ErrorOut
+from core.owners import Caller
 
 
 class BodyLimit:
@@ -55,3 +61,42 @@ async def _refuse(send: Send, limit: int) -> None:
     headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body.encode()})
+
+
+class PredictShed:
+    """ASGI middleware: POST `path` for a model whose request queue is full is a 503 at once.
+
+    At twice the capacity, the excess must cost next to nothing, or refusing it starves the
+    requests being served. The route admits too (`ModelCache.admit`); this only reads what
+    the app knows already, the references it resolved (`RefCache`) and each model's admitted
+    requests, and lets everything else through to the route: a reference not resolved yet,
+    or resolved longer ago than `ttl_s`.
+    """
+
+    def __init__(self, app: ASGIApp, path: str, ttl_s: float, reads_owner_only: bool) -> None:
+        self.app = app
+        self.path, self.ttl_s, self.reads_owner_only = path, ttl_s, reads_owner_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "POST":
+            state = scope.get("state") or {}
+            refs, cache = state.get("refs"), state.get("model_cache")
+            query = parse_qs(scope["query_string"].decode("latin-1"))
+            ref = query.get("model", [""])[0]
+            target = refs.get(ref, self.ttl_s) if refs is not None and ref else None
+            if target is not None and cache is not None and cache.full(target.sha256):
+                # Only a caller that the route would serve learns that the model is busy.
+                principal = state.get(PRINCIPAL)
+                caller = Caller(principal, own_reads_only=self.reads_owner_only)
+                if (principal is None or principal.allows("predict")) and caller.sees(
+                    target.owner_key_id
+                ):
+                    message = (
+                        f"the model's request queue is full ({cache.max_admitted} requests); "
+                        f"retry in {RETRY_AFTER_S} s"
+                    )
+                    retry = {"Retry-After": str(RETRY_AFTER_S)}
+                    # Kept alive: a client that retries must not pay for a new connection.
+                    await answer(send, 503, "unavailable", message, retry, close=False)
+                    return
+        await self.app(scope, receive, send)

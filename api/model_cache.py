@@ -48,13 +48,17 @@ class ModelCache:
         """Requests one model takes at once: its processes' queues."""
         return self.options.max_queue * self.options.replicas
 
+    def full(self, sha256: str) -> bool:
+        """Whether the model has no request place free now."""
+        return self.admitted[sha256] >= self.max_admitted
+
     def admit(self, sha256: str) -> None:
         """Take one of the model's request places, or raise `Overloaded` when none is free.
 
         Taken before the request's body is read, so a request beyond the model's queue
         costs no parsing, decoding or memory; `release` gives the place back.
         """
-        if self.admitted[sha256] >= self.max_admitted:
+        if self.full(sha256):
             raise Overloaded(f"the model's request queue is full ({self.max_admitted} requests)")
         self.admitted[sha256] += 1
 

@@ -338,6 +338,7 @@ class Overload:
     served_per_s: float
     refused_share: float  # 503s among the answers
     other: int  # neither 200 nor 503 (errors, resets)
+    other_kinds: str  # the client's errors by kind
     served_p50_ms: float
     served_p99_ms: float
     refused_p99_ms: float
@@ -400,12 +401,13 @@ async def _exchange(
 
 
 async def open_loop(
-    url: str, request: bytes, rate: float, seconds: float
+    url: str, request: bytes, rate: float, seconds: float, failures: Counter[str]
 ) -> list[tuple[int, float, float]]:
     """Send `rate` requests per second for `seconds`, each on schedule.
 
-    Per request: its status, seconds from its scheduled time to its answer, and seconds
-    from when it was written (the client's own lag left out) to its answer.
+    Per request: its status (0: no answer, its error counted in `failures` by kind),
+    seconds from its scheduled time to its answer, and seconds from when it was written
+    (the client's own lag left out) to its answer.
     """
     parts = httpx.URL(url)
     host, port = parts.host, parts.port or 80
@@ -416,8 +418,9 @@ async def open_loop(
         sent = scheduled
         try:
             status, sent = await _exchange(host, port, request, idle)
-        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as error:
             status = 0
+            failures[type(error).__name__] += 1
         now = time.perf_counter()
         results.append((status, now - scheduled, now - sent))
 
@@ -451,7 +454,9 @@ def overload(
         capacity = wrk(url, script, queue, seconds).requests_per_s
         rss_before = rss_mib(pids[0])
         offered = 2 * capacity
-        results = asyncio.run(open_loop(url, raw_request(url, png, headers), offered, seconds))
+        failures: Counter[str] = Counter()
+        request = raw_request(url, png, headers)
+        results = asyncio.run(open_loop(url, request, offered, seconds, failures))
         rss_after = rss_mib(pids[0])
     served = [s for status, s, _ in results if status == 200]
     refused = [s for status, s, _ in results if status == 503]
@@ -465,6 +470,7 @@ def overload(
         served_per_s=len(served) / seconds,
         refused_share=len(refused) / max(1, answered),
         other=len(results) - answered,
+        other_kinds=", ".join(f"{kind} {count}" for kind, count in failures.most_common()),
         served_p50_ms=_percentile_ms(served, 0.5),
         served_p99_ms=_percentile_ms(served, 0.99),
         refused_p99_ms=_percentile_ms(refused, 0.99),
@@ -483,7 +489,7 @@ def report_overload(run: Overload, queue: int, seconds: int) -> None:
     print(f"offered open-loop (req/s)              {run.offered:10.0f}   ({run.sent} sent)")
     print(f"served (req/s)                         {run.served_per_s:10.0f}")
     print(f"503 share of answers                   {run.refused_share:10.1%}")
-    print(f"other answers (errors, resets)         {run.other:10d}")
+    print(f"other answers (errors, resets)         {run.other:10d}   {run.other_kinds}")
     served = f"{run.served_p50_ms:.1f} / {run.served_p99_ms:.1f}"
     print(f"served p50 / p99 (ms)                  {served:>10}")
     print(f"503 p99 (ms)                           {run.refused_p99_ms:10.1f}")

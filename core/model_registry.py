@@ -36,6 +36,12 @@ class Resolved:
     path: str
     sha256: str
     step: int
+    owner_key_id: uuid.UUID | None = None  # the job's, or the registered model's
+
+    def check_visible(self, caller: Caller) -> None:
+        """`NotFoundError` when the caller may not read what the reference points at."""
+        noun = f"model {self.model!r} is not registered" if self.model else None
+        check_visible(caller, self.owner_key_id, noun or f"job {self.ref} does not exist")
 
 
 def register(
@@ -151,7 +157,9 @@ def resolve(*, session: Session, ref: str) -> Resolved:
     row = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
     if row is None:
         raise ConflictError(f"job {ref} has no best checkpoint")
-    return Resolved(ref, job_id, None, None, row.path, row.sha256, row.step)
+    return Resolved(
+        ref, job_id, None, None, row.path, row.sha256, row.step, job.owner_key_id
+    )
 
 
 def _resolve_name(session: Session, ref: str) -> Resolved:
@@ -179,7 +187,14 @@ def _resolve_name(session: Session, ref: str) -> Resolved:
     if version is None:
         raise NotFoundError(f"model {name!r} has no versions")
     return Resolved(
-        ref, version.job_id, name, version.version, version.path, version.sha256, version.step
+        ref,
+        version.job_id,
+        name,
+        version.version,
+        version.path,
+        version.sha256,
+        version.step,
+        model.owner_key_id,
     )
 
 

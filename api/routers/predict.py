@@ -54,6 +54,7 @@ from api.schemas import (
 from core import artifacts, model_registry
 from core.db.session import session_scope
 from core.errors import ConflictError, InvalidError
+from core.owners import Caller
 from core.settings import Settings
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
@@ -126,7 +127,7 @@ _MULTIPART = {
 )
 async def predict(
     request: Request,
-    _: PredictKey,
+    key: PredictKey,
     model: Annotated[
         str,
         Query(
@@ -155,6 +156,8 @@ async def predict(
     refs: RefCache = request.state.refs
     ttl_s = settings.predict_ref_ttl_ms / 1000
     target = await refs.resolve(model, ttl_s, partial(_resolve, settings, model))
+    # Resolved once for every caller (and cached); whether this one may read it, each time.
+    target.check_visible(Caller(key, own_reads_only=settings.reads_owner_only))
     cache: ModelCache = request.state.model_cache
     try:  # before the body is read: a request the model has no place for costs nothing
         cache.admit(target.sha256)

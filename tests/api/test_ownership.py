@@ -4,6 +4,7 @@ changes only what it made, an admin key everything; READS_OWNER_ONLY hides anoth
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from api.app import create_app
 from core import keys
@@ -22,6 +24,7 @@ from tests.api.helpers import TRAIN, make_key, trained_job
 JOBS = "/api/v1/jobs"
 STUDIES = "/api/v1/studies"
 REGISTRY = "/api/v1/registry"
+PREDICT = "/api/v1/predict"
 STUDY = {
     "base": {"model": {"name": "resnet8"}, "dataset": {"name": "digits"}},
     "grid": {"model.name": ["plain8", "resnet8"]},
@@ -80,6 +83,12 @@ def _submit(client: TestClient, key: Key, **fields: Any) -> dict[str, Any]:
     answer = client.post(JOBS, json={**TRAIN, **fields}, headers=key.headers)
     assert answer.status_code == 202, answer.text
     return dict(answer.json())
+
+
+def _png() -> dict[str, tuple[str, bytes, str]]:
+    out = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(out, format="PNG")
+    return {"files": ("x.png", out.getvalue(), "image/png")}
 
 
 def _refused(answer: Any, status: int, *words: str) -> None:
@@ -208,6 +217,17 @@ def test_reads_owner_only_hides_anothers_studies_and_models(
     assert name not in names
     names = [m["name"] for m in owner_only.get(REGISTRY, headers=admin.headers).json()["items"]]
     assert name in names
+
+    # Predictions too: a predict key reads only its own key's models and jobs.
+    seer = _key(settings.database_url, "predict")
+    for ref, words in ((name, "is not registered"), (job_id, "does not exist")):
+        refused = owner_only.post(
+            PREDICT, params={"model": ref}, files=_png(), headers=seer.headers
+        )
+        _refused(refused, 404, words)
+    served = owner_only.post(PREDICT, params={"model": name}, files=_png(), headers=admin.headers)
+    assert served.status_code == 200, served.text
+    assert served.json()["model"]["name"] == name
 
 
 def test_an_idempotency_key_belongs_to_the_key_that_sent_it(

@@ -1,5 +1,6 @@
 """Prediction refuses before it spends: bad files before any model starts, a full queue
-before the body is read, and a bounded number of model processes starting at once.
+before the body is read (and, once its reference is resolved, before routing), and a
+bounded number of model processes starting at once.
 
 The app on Postgres with a real checkpoint (`trained_job`); a request whose body never
 comes is sent straight to the ASGI app, so the test sees whether its body was read.
@@ -17,13 +18,16 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from starlette.types import ASGIApp, Message
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.app import create_app
+from api.edge import PRINCIPAL
+from api.limits import PredictShed
 from api.model_cache import ModelCache, RefCache
 from api.model_process import ServingOptions
-from core import artifacts
+from core import artifacts, model_registry
 from core.db.session import session_scope
+from core.keys import Principal
 from core.settings import Settings
 from tests import images
 from tests.api.helpers import make_key, trained_job
@@ -181,3 +185,51 @@ def test_model_processes_start_a_bounded_number_at_once(
     cache = asyncio.run(start_both())
     assert cache.loads == 2
     assert cache.peak_starting == 1
+
+
+def test_a_full_models_requests_are_refused_before_routing() -> None:
+    """The shed answers from what the app resolved already; anything else goes on."""
+    alice, bob = (uuid.uuid4() for _ in range(2))
+    target = model_registry.Resolved("m", uuid.uuid4(), "m", 1, "/x.pt", "0" * 64, 1, alice)
+    refs, cache = RefCache(), ModelCache(options=ServingOptions(max_queue=QUEUE, threads=1))
+    refs.put("m", target, refs.generation)
+    routed: list[str] = []
+
+    async def route(scope: Scope, _receive: Receive, _send: Send) -> None:
+        routed.append(scope["query_string"].decode())
+
+    def call(ref: str, principal: Principal | None, owner_only: bool = False) -> int:
+        shed = PredictShed(route, "/api/v1/predict", ttl_s=60, reads_owner_only=owner_only)
+        status, reads = [], []
+
+        async def receive() -> Message:
+            reads.append(1)
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                assert (b"connection", b"close") not in message["headers"]  # kept alive
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/api/v1/predict",
+            "query_string": f"model={ref}&top_k=1".encode(),
+            "headers": [],
+            "state": {"model_cache": cache, "refs": refs, PRINCIPAL: principal},
+        }
+        asyncio.run(shed(scope, receive, send))
+        assert not reads  # no body is read here, ever
+        return status[0] if status else 0
+
+    assert call("m", None) == 0  # places free: routed
+    for _ in range(QUEUE):
+        cache.admit(target.sha256)
+    owner = Principal(alice, frozenset({"predict"}))
+    assert call("m", None) == 503
+    assert call("m", owner, owner_only=True) == 503
+    assert call("other", owner) == 0  # not resolved yet: the route resolves and admits
+    assert call("m", Principal(bob, frozenset({"read"}))) == 0  # the route answers 403
+    assert call("m", Principal(bob, frozenset({"predict"})), owner_only=True) == 0  # 404
+    assert routed == ["model=m&top_k=1", "model=other&top_k=1", *["model=m&top_k=1"] * 2]
