@@ -157,9 +157,7 @@ def resolve(*, session: Session, ref: str) -> Resolved:
     row = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
     if row is None:
         raise ConflictError(f"job {ref} has no best checkpoint")
-    return Resolved(
-        ref, job_id, None, None, row.path, row.sha256, row.step, job.owner_key_id
-    )
+    return Resolved(ref, job_id, None, None, row.path, row.sha256, row.step, job.owner_key_id)
 
 
 def _resolve_name(session: Session, ref: str) -> Resolved:
