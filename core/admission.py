@@ -26,6 +26,7 @@ _FIXED: dict[str, tuple[int, int, int, int]] = {
     "fashion_mnist": (1, 28, 10, 60_000),
     "digits": (1, 8, 10, 1_797),
 }
+EVALUATE_BATCH = 512  # the batch of an evaluation (`training.runs.evaluate_checkpoint`)
 BYTES_PER_VALUE = 4  # float32: mixed precision keeps less, so the estimate is an upper one
 # Copies of the parameters a step keeps: weights, gradients, then per optimizer its state.
 _STATE_COPIES = {"sgd": 3, "nesterov": 3, "adamw": 4}
@@ -116,6 +117,29 @@ def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> None:
             f"batch x iterations), over MAX_JOB_MACS = {settings.max_job_macs:.3g}; lower "
             "recipe.iterations (or epochs) or batch_size, or choose a smaller net",
             field=("body", "recipe", "iterations"),
+        )
+
+
+def check_evaluate(trained: TrainSpec, shape: DataShape, settings: Settings) -> None:
+    """`InvalidError` when evaluating the net `trained` made on data of `shape` (the
+    evaluation's images, the training's classes) needs more memory than the budget."""
+    found = models.estimate(
+        trained.model.name,
+        num_classes=shape.num_classes,
+        in_channels=shape.channels,
+        input_size=shape.image_size,
+        **trained.model.options,
+    )
+    # Activations as training keeps them: more than a forward pass holds, an upper bound.
+    memory = EVALUATE_BATCH * found.activation_bytes + found.params * BYTES_PER_VALUE
+    if memory > settings.max_train_memory_bytes:
+        size = shape.image_size
+        raise InvalidError(
+            f"evaluating {trained.model.name} on {size}x{size}x{shape.channels} images at "
+            f"batch {EVALUATE_BATCH} needs an estimated {_gib(memory)} of memory, over "
+            f"MAX_TRAIN_MEMORY_BYTES = {_gib(settings.max_train_memory_bytes)}; evaluate on "
+            "smaller images (dataset.image_size)",
+            field=("body", "dataset"),
         )
 
 

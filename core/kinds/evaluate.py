@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -10,14 +11,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from core import artifacts
+from core import admission, artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.settings import get_settings
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
-from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
+from training.specs import INT32_MAX, DatasetSpec, Spec, Tag, TrainSpec
 
 
 class EvaluateJobSpec(Spec):
@@ -35,7 +37,8 @@ class EvaluateJobSpec(Spec):
 
 
 def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
-    """The source job's net, and the dataset; the source must be a succeeded train job."""
+    """The source job's net, and the dataset; the source must be a succeeded train job, and
+    its net evaluated on the dataset's images within the memory budget."""
     source = session.get(Job, spec.source_job)
     where = ("body", "source_job")
     if source is None or source.kind != "train":
@@ -46,6 +49,11 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
         raise InvalidError(
             f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
         )
+    trained = TrainSpec.model_validate(source.spec)
+    evaluated = admission.shape_of(spec.dataset)
+    classes = admission.shape_of(trained.dataset).num_classes
+    shape = dataclasses.replace(evaluated, num_classes=classes)
+    admission.check_evaluate(trained, shape, get_settings())
     return RowFacts(
         dataset_name=spec.dataset.name,
         model_name=source.model_name,

@@ -21,7 +21,7 @@ from core.errors import InvalidError
 from core.kinds import TrainJobSpec
 from core.kinds.train import budget
 from core.settings import Settings, get_settings
-from tests.api.helpers import TRAIN, queued_ids
+from tests.api.helpers import TRAIN, queued_ids, trained_job
 from training.datasets import load_dataset
 
 JOBS = "/api/v1/jobs"
@@ -154,6 +154,20 @@ def test_parameters_over_a_lowered_budget_are_refused(
     # 1,727,962 parameters on RGB images; digits are gray, so the first conv is smaller.
     assert "resnet110 has 1,727,674 parameters, over MAX_MODEL_PARAMS = 1,000,000" in message
     assert client.post(JOBS, json=TRAIN).status_code == 202
+
+
+def test_an_evaluation_over_the_memory_budget_is_refused(
+    client: TestClient, settings: Settings, budgets: pytest.MonkeyPatch
+) -> None:
+    budgets.setenv("MAX_TRAIN_MEMORY_BYTES", str(2 * 1024**3))
+    source = str(trained_job(settings))  # resnet8, trained on digits
+    large = {"name": "synthetic", "image_size": 256, "split": "test"}
+    evaluate = {"kind": "evaluate", "source_job": source, "dataset": large}
+    message = _refused(client.post(JOBS, json=evaluate), loc=["body", "dataset"])
+    assert "evaluating resnet8 on 256x256x3 images at batch 512 needs an estimated" in message
+    assert "over MAX_TRAIN_MEMORY_BYTES = 2 GiB" in message
+    small = {**evaluate, "dataset": {**large, "image_size": 8}}
+    assert client.post(JOBS, json=small).status_code == 202
 
 
 PAPERS_LARGEST = {
