@@ -13,10 +13,11 @@ import uuid
 from typing import TypeVar
 
 from fastapi import Response, status
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core.db.session import take_turns
 from core.db.tables import Job, Study
 from core.errors import ConflictError
 
@@ -29,17 +30,11 @@ def earlier(
     """The row an earlier submission of `owner` with `key` made, if any."""
     if key is None:
         return None
-    _take_turns(session, f"{table.__tablename__} {owner} {key}")
+    # A concurrent request with the key waits until this one commits, then sees its row
+    # (an INSERT of the same key would block at the unique index and fail instead).
+    take_turns(session, f"{table.__tablename__} {owner} {key}")
     mine = table.owner_key_id.is_not_distinct_from(owner)
     return session.scalars(select(table).where(table.idempotency_key == key, mine)).one_or_none()
-
-
-def _take_turns(session: Session, name: str) -> None:
-    """Hold a lock on `name` to the end of the transaction (Postgres): a concurrent request
-    for it waits until this one commits, then sees its row (an INSERT of the same key would
-    block at the unique index and fail instead)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(name, 0))))
 
 
 def commit_or_earlier(

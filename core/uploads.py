@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
+from core.db.session import take_turns
 from core.db.tables import Job
 from core.db.tables import Upload as Row
 from core.errors import ConflictError, InvalidError, NotFoundError
@@ -61,6 +62,8 @@ def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UU
     kept = session.scalars(select(Row).where(Row.sha256 == upload_id, _owned_by(owner))).first()
     if kept is not None and (folder(settings) / upload_id).is_dir():
         return kept
+    # One upload of an owner at a time counts its room: two at once cannot both fit in it.
+    take_turns(session, f"upload quota {owner}")
     limits = Limits(
         max_bytes=settings.upload_max_unpacked_bytes,
         max_ratio=settings.upload_max_ratio,

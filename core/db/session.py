@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -66,3 +66,10 @@ def session_scope(url: str, *, pooled: bool = True) -> Iterator[Session]:
     """A session whose transaction commits on success and rolls back on error."""
     with _factory(url, pooled)() as session, session.begin():
         yield session
+
+
+def take_turns(session: Session, name: str) -> None:
+    """Hold a lock on `name` to the end of the transaction (Postgres; SQLite writes one at a
+    time anyway): a concurrent transaction asking for it waits until this one ends."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(name, 0))))

@@ -7,6 +7,7 @@ import io
 import os
 import shutil
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,19 @@ def test_each_owner_has_a_quota_of_what_it_keeps_and_deleting_frees_it(
     assert client.delete(f"{UPLOADS}/{mine['id']}").status_code == 204
     assert not (settings.data_dir / first["path"]).exists()
     assert _post(client, "four.zip", _images(20, "four"))["status"] == 201
+
+
+def test_uploads_sent_at_once_cannot_together_pass_the_quota(
+    client: TestClient, settings: Settings
+) -> None:
+    archives = [(f"{tag}.zip", _images(20, tag)) for tag in ("a", "b", "c", "d")]
+    with ThreadPoolExecutor(max_workers=len(archives)) as pool:
+        answers = list(pool.map(lambda sent: _post(client, *sent), archives))
+    assert sorted(answer["status"] for answer in answers) == [201, 201, 413, 413], answers
+    listed = client.get(UPLOADS).json()
+    assert sum(item["bytes"] for item in listed) == 40 * KIB  # within the 50 KiB quota
+    kept = {path.name for path in uploads.folder(settings).iterdir()}
+    assert kept == {item["id"] for item in listed}  # the refused left nothing behind
 
 
 def test_an_archive_two_owners_sent_is_kept_until_both_deleted_it(
