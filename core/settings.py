@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -24,6 +24,34 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("var/data"), description="Where datasets are looked up.")
     artifact_dir: Path = Field(Path("var/artifacts"), description="Checkpoints and run files.")
+    artifact_store: Literal["local", "s3"] = Field(
+        "local",
+        description="Where artifacts are kept: local (under ARTIFACT_DIR) or s3 (the bucket "
+        "S3_BUCKET of an S3-compatible object store).",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="The object store's URL (MinIO, Ceph, ...); default: AWS S3."
+    )
+    s3_bucket: str = Field(
+        "resnet-artifacts", description="The artifacts' bucket; created at first use if missing."
+    )
+    s3_region: str = Field("us-east-1", description="The object store's region.")
+    s3_access_key_id: str | None = Field(
+        None, description="The object store's access key; default: boto3's credential chain."
+    )
+    s3_secret_access_key: SecretStr | None = Field(
+        None, description="The secret of S3_ACCESS_KEY_ID."
+    )
+    artifact_cache_dir: Path = Field(
+        Path("var/cache"),
+        description="Where artifacts fetched from the object store are kept for reuse.",
+    )
+    artifact_cache_bytes: int = Field(
+        10 * 1024**3,
+        ge=0,
+        description="Most bytes ARTIFACT_CACHE_DIR keeps; beyond, the least recently used "
+        "go (the one just fetched always stays).",
+    )
     allow_downloads: bool = Field(
         False, description="Let torchvision download CIFAR/MNIST into DATA_DIR when missing."
     )

@@ -12,7 +12,7 @@ import redis
 from core.db import schema
 from core.queue import QUEUE
 from core.settings import Settings
-from tests.services import REDIS_URL, claimed_redis_db, serve, throwaway_database
+from tests.services import REDIS_URL, claimed_redis_db, s3_server, serve, throwaway_database
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,11 @@ def database_url(request: pytest.FixtureRequest) -> str:
     """Each test that asks for it runs on Postgres and on SQLite."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url
+
+
+@pytest.fixture(scope="module")
+def s3_url() -> Iterator[str]:
+    """An S3 server (moto's) of this module's own, as an endpoint URL; fails if it cannot
+    start."""
+    with s3_server() as url:
+        yield url

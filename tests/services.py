@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import random
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
 
+import httpx
 import redis
 import uvicorn
 from sqlalchemy import create_engine, text
@@ -92,3 +99,48 @@ def throwaway_database(prefix: str = "resnet_test") -> Iterator[str]:
                 connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+@contextmanager
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on a free port of 127.0.0.1, in a subprocess; its endpoint URL. It
+    fails (never skips) when the server does not start."""
+    binary = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
+        "moto_server"
+    )
+    if binary is None:
+        raise RuntimeError("moto_server is not installed; pip install -e '.[dev]'")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # Its request log goes to a file: a pipe nobody reads would fill and stall the server.
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_until_answering(url, process, log)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_until_answering(url: str, process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    """Poll `url` until a server answers over HTTP, for up to 30 s, while `process` lives."""
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            log.seek(0)
+            output = log.read().decode(errors="replace")
+            raise RuntimeError(f"the server at {url} exited with {process.returncode}: {output}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no server answered at {url} within 30 s") from None
+            time.sleep(0.05)
