@@ -157,15 +157,19 @@ def retry_job(
     job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
 ) -> RetryOut:
     """Queue the job again; it resumes from its last verified checkpoint on the same step
-    axis (its metrics continue), or starts over when it has none, as the answer says.
+    axis (its metrics continue), or starts over when it has none, as the answer says. A
+    study's job takes its turn within the study's `max_parallel`.
 
     409 unless it failed or was cancelled; only its owner or an admin key may (403)."""
     retried = jobs.retry(session=session, settings=settings, job_id=job_id, caller=caller)
+    message = retried.message
+    goes = studies.takes_turn(session=session, job=retried.job)
     session.commit()
-    enqueue_committed([job_id], settings=settings)
-    return RetryOut(
-        job=JobOut.of(retried.job), resume_step=retried.resume_step, message=retried.message
-    )
+    if goes:
+        enqueue_committed([job_id], settings=settings)
+    else:
+        message += "; it waits, held, until its study has fewer than max_parallel jobs running"
+    return RetryOut(job=JobOut.of(retried.job), resume_step=retried.resume_step, message=message)
 
 
 @router.delete(

@@ -147,6 +147,20 @@ def release(*, session: Session, study_id: uuid.UUID) -> list[uuid.UUID]:
     return ids
 
 
+def takes_turn(*, session: Session, job: Job) -> bool:
+    """Whether a job queued again (a retry) may go now. A study's job waits, held, while
+    `max_parallel` of the study's jobs are queued or running; a job of no study, or of a
+    cancelled one, goes at once."""
+    if job.study_id is None:
+        return True
+    study = session.get(Study, job.study_id, with_for_update=True)
+    if study is None or study.cancel_requested:
+        return True
+    job.held = True
+    session.flush()
+    return job.id in release(session=session, study_id=study.id)
+
+
 def release_after(*, session: Session, job_id: uuid.UUID) -> list[uuid.UUID]:
     """Release the next held jobs of a job's study (after the job ended); their ids."""
     study_id = session.scalar(select(Job.study_id).where(Job.id == job_id))

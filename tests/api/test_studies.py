@@ -18,6 +18,7 @@ from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job, Study
 from core.settings import Settings
+from core.studies import service as studies
 from tests.api.helpers import claim, finish, queued_ids
 
 STUDIES = "/api/v1/studies"
@@ -259,3 +260,24 @@ def test_cancel_ends_every_unfinished_job_and_delete_removes_the_study(
 def test_reads_need_a_key(anonymous: TestClient) -> None:
     assert anonymous.get(STUDIES).status_code == 401
     assert anonymous.post(STUDIES, json={"base": BASE}).status_code == 401
+
+
+def test_a_retried_job_of_a_study_takes_its_turn_within_max_parallel(
+    client: TestClient, queue: redis.Redis, settings: Settings
+) -> None:
+    study = _submit(client, grid={"model.name": ["plain8", "resnet8"]}, seeds=1, max_parallel=1)
+    first, second = (job["id"] for job in study["jobs"])
+    assert client.post(f"/api/v1/jobs/{first}/cancel").json()["status"] == "cancelled"
+    assert second in queued_ids(queue)  # the cancel let the next one go
+
+    retried = client.post(f"/api/v1/jobs/{first}/retry")
+    assert retried.status_code == 202, retried.text
+    assert retried.json()["job"]["held"] is True  # one of one is queued already
+    assert "waits, held, until its study has fewer than max_parallel" in retried.json()["message"]
+    assert queued_ids(queue).count(first) == 1  # only its first delivery
+
+    url = settings.database_url
+    finish(url, uuid.UUID(second), claim(url, uuid.UUID(second)))
+    with session_scope(url) as session:  # what the worker does once a job ends
+        released = studies.release_after(session=session, job_id=uuid.UUID(second))
+    assert released == [uuid.UUID(first)]
