@@ -91,8 +91,9 @@ def costs(spec: TrainSpec, shape: DataShape) -> Costs:
     return Costs(found.params, memory, macs, iterations)
 
 
-def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> None:
-    """`InvalidError` naming the first budget `spec` exceeds, its value and the estimate."""
+def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> Costs:
+    """The estimates of `spec`, or `InvalidError` naming the first budget it exceeds, its
+    value and the estimate."""
     found = costs(spec, shape)
     size = shape.image_size
     net = f"{spec.model.name} on {size}x{size}x{shape.channels} images"
@@ -118,6 +119,7 @@ def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> None:
             "recipe.iterations (or epochs) or batch_size, or choose a smaller net",
             field=("body", "recipe", "iterations"),
         )
+    return found
 
 
 def check_evaluate(trained: TrainSpec, shape: DataShape, settings: Settings) -> None:

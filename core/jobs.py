@@ -17,7 +17,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from core import artifacts, kinds, owners
+from core import artifacts, kinds, owners, resources, workers
 from core.db.tables import (
     FINAL_STATUSES,
     Checkpoint,
@@ -31,7 +31,7 @@ from core.db.tables import (
 from core.errors import ConflictError
 from core.kinds.base import KindSpec
 from core.owners import ANYONE, Caller
-from core.settings import Settings
+from core.settings import Settings, get_settings
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -100,7 +100,26 @@ def create(
     session.add(job)
     session.flush()
     add_event(session=session, job_id=job.id, level="info", message="queued")
+    _note_unserved(session, job)
     return job
+
+
+def _note_unserved(session: Session, job: Job) -> None:
+    """Say so in the job's log when it needs a GPU and no live worker serves its queue."""
+    needs = resources.of_spec(job.spec)
+    if not needs.gpus:
+        return  # every worker takes a job a CPU may run
+    queue = resources.queue_for(needs.gpus)
+    lease = get_settings().lease_seconds
+    if workers.serving(session=session, queue=queue, lease_seconds=lease):
+        return
+    add_event(
+        session=session,
+        job_id=job.id,
+        level="warning",
+        message=f"waiting for {resources.describe(needs)} (queue {queue}): no live worker "
+        "takes it now; it stays queued until one starts",
+    )
 
 
 def claim(

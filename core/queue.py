@@ -3,6 +3,8 @@
 The API enqueues with `enqueue` after its transaction commits; workers import the same
 app (worker/tasks.py registers the task). Postgres stays the source of truth: a lost or
 duplicated message costs nothing, because a task first claims its job in the database.
+A job goes to the queue of what it needs (`core.resources`: `train`, `gpu`, `gpu-N`), read
+from its stored spec; a worker consumes only the queues it can serve.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from functools import lru_cache
 from typing import Any
 
 from celery import Celery
+from sqlalchemy import select
 
+from core import resources
+from core.db.session import session_scope
+from core.db.tables import Job
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
 
 RUN_JOB = "worker.run_job"
 REAP = "worker.reap_expired"
-QUEUE = "train"
+QUEUE = resources.CPU_QUEUE  # the queue of jobs a CPU may run; every worker consumes it
 
 
 @lru_cache(maxsize=4)
@@ -71,33 +77,54 @@ def app_for(settings: Settings) -> Celery:
     return celery_app(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
 
 
-def enqueue(job_id: uuid.UUID, *, settings: Settings) -> None:
-    """Put a job id on the train queue (call after the job's row is committed)."""
-    app_for(settings).send_task(RUN_JOB, args=[str(job_id)], queue=QUEUE)
+def queues_of(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> dict[uuid.UUID, str]:
+    """The queue of each committed job, from its stored spec (a deleted job has none)."""
+    wanted = list(job_ids)
+    if not wanted:
+        return {}
+    with session_scope(settings.database_url) as session:
+        rows = session.execute(select(Job.id, Job.spec).where(Job.id.in_(wanted))).all()
+    return {job_id: resources.queue_of(spec) for job_id, spec in rows}
+
+
+def enqueue(job_id: uuid.UUID, *, settings: Settings, queue: str | None = None) -> None:
+    """Put a job id on its queue (call after the job's row is committed); `queue` None: the
+    queue of what its stored spec needs."""
+    if queue is None:
+        queue = queues_of([job_id], settings=settings).get(job_id, QUEUE)
+    app_for(settings).send_task(RUN_JOB, args=[str(job_id)], queue=queue)
 
 
 def enqueue_committed(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> None:
-    """Enqueue jobs whose rows are committed; a broker failure is logged, not raised.
+    """Enqueue jobs whose rows are committed; a broker or database failure is logged.
 
     The job stays queued in the database, and the workers' periodic re-enqueue of queued
     jobs older than a few seconds picks it up: a broker that is down loses nothing.
     """
-    for job_id in job_ids:
+    wanted = list(job_ids)
+    try:
+        found = queues_of(wanted, settings=settings)
+    except Exception:  # the database is down: the re-enqueue will find them
+        log.exception("jobs %s are committed but not enqueued; the re-enqueue will retry", wanted)
+        return
+    for job_id in wanted:
         try:
-            enqueue(job_id, settings=settings)
+            enqueue(job_id, settings=settings, queue=found.get(job_id, QUEUE))
         except Exception:  # any broker failure: the committed job is not lost
             log.exception("job %s is committed but not enqueued; the re-enqueue will retry", job_id)
 
 
 def depth(settings: Settings, *, timeout: float | None = None) -> int:
-    """Messages waiting on the train queue, not counting those a worker holds (any broker)."""
+    """Messages waiting on every job queue, not counting those a worker holds (any broker)."""
     with app_for(settings).connection_for_write(connect_timeout=timeout) as connection:
         channel = connection.default_channel
         try:
-            declared = channel.queue_declare(queue=QUEUE, passive=False)
+            return sum(
+                int(channel.queue_declare(queue=name, passive=False).message_count)
+                for name in resources.ALL_QUEUES
+            )
         finally:
             _close_session(channel)
-        return int(declared.message_count)
 
 
 def _close_session(channel: Any) -> None:

@@ -11,6 +11,7 @@ import redis
 
 from core.db import schema
 from core.queue import QUEUE
+from core.resources import ALL_QUEUES
 from core.settings import Settings
 from tests.services import REDIS_URL, claimed_redis_db, s3_server, serve, throwaway_database
 
@@ -39,8 +40,8 @@ def broker() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def queue(broker: redis.Redis) -> redis.Redis:
-    """The broker with an empty train queue."""
-    broker.delete(QUEUE)
+    """The broker with empty job queues (`train` is the one most tests read)."""
+    broker.delete(QUEUE, *ALL_QUEUES)
     return broker
 
 

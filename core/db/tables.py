@@ -290,3 +290,24 @@ class Upload(Base):
         UniqueConstraint("sha256", "owner_key_id"),
         Index("ix_upload_owner_key_id", "owner_key_id"),
     )
+
+
+class Worker(Base):
+    """A worker process group as it registered itself: where it runs, what it serves, and
+    when its main process was last seen (a heartbeat); its name is its Celery node name."""
+
+    __tablename__ = "worker"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    devices: Mapped[list[str]] = mapped_column(JSON)  # cpu, or the GPUs it owns: cuda:N
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    current_job_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("job.id", ondelete="SET NULL")
+    )
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)  # since it started
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_worker_last_seen_at", "last_seen_at"),)

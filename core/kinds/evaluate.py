@@ -8,18 +8,20 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from sqlalchemy.orm import Session
 
-from core import admission, artifacts
+from core import admission, artifacts, resources
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.kinds.train import training_spec
+from core.resources import ResourcesSpec
 from core.settings import get_settings
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
-from training.specs import INT32_MAX, DatasetSpec, Spec, Tag, TrainSpec
+from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
 
 
 class EvaluateJobSpec(Spec):
@@ -34,6 +36,21 @@ class EvaluateJobSpec(Spec):
     )
     dataset: DatasetSpec
     tta: bool = Field(False, description="Average with the horizontally flipped view.")
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="What the job needs of a worker (default any: one pass over the split); "
+        "the stored spec has it filled in.",
+    )
+
+    @model_validator(mode="after")
+    def _one_device(self) -> EvaluateJobSpec:
+        used = resources.resolve(self.resources, macs=0)
+        if (used.gpus or 0) > 1:
+            raise ValueError(
+                f"an evaluation runs on one device: gpus must be 0 or 1, not {used.gpus}"
+            )
+        object.__setattr__(self, "resources", used)
+        return self
 
 
 def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
@@ -49,7 +66,7 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
         raise InvalidError(
             f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
         )
-    trained = TrainSpec.model_validate(source.spec)
+    trained = training_spec(source.spec)
     evaluated = admission.shape_of(spec.dataset)
     classes = admission.shape_of(trained.dataset).num_classes
     shape = dataclasses.replace(evaluated, num_classes=classes)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from sqlalchemy.orm import Session
 
 import models
-from core import admission, artifacts
+from core import admission, artifacts, resources
 from core.errors import InvalidError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.resources import ResourcesSpec
 from core.settings import Settings, get_settings
 from training import runs
 from training.data import LoadedDataset
@@ -21,15 +22,28 @@ from training.specs import TrainSpec
 class TrainJobSpec(TrainSpec):
     """Train a model: {"kind": "train", "model": {...}, "dataset": {...}, "recipe": {...}}."""
 
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="What the job needs of a worker; the stored spec has it filled in.",
+    )
+
     @model_validator(mode="after")
     def _within_budgets(self) -> TrainJobSpec:
         # Every job spec passes here (a submission, a study's cells, a worker's delivery),
         # so no spec reaches a worker that would take more than the process's budgets.
         try:
-            admission.check_train(self, admission.shape_of(self.dataset), get_settings())
+            costs = admission.check_train(self, admission.shape_of(self.dataset), get_settings())
         except InvalidError as error:
             raise ValueError(error.message) from None
+        # The spec states what it uses: the default resources follow the job's compute.
+        object.__setattr__(self, "resources", resources.resolve(self.resources, macs=costs.macs))
         return self
+
+
+def training_spec(stored: dict[str, Any]) -> TrainSpec:
+    """The run's part of a stored train job spec, as the engine takes it (no resources)."""
+    fields = TrainSpec.model_fields
+    return TrainSpec.model_validate({key: value for key, value in stored.items() if key in fields})
 
 
 def record(_session: Session, spec: TrainJobSpec) -> RowFacts:
@@ -47,7 +61,7 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
     """Train in the job's folder, resuming from its latest checkpoint; returns the summary."""
     settings = context.settings
     return runs.train(
-        spec,
+        training_spec(spec.model_dump()),
         data_root=settings.data_dir,
         out_dir=artifacts.job_dir(settings, context.job_id),
         sink=context.sink,
