@@ -54,6 +54,25 @@ class RecordingSink:
         return [(step, value) for step, n, value in self.metrics if n == name]
 
 
+class NullSink:
+    """Drops everything and never asks to stop: the sink of every rank but rank 0."""
+
+    def on_metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
+        """Rank 0 reports the run's metrics."""
+
+    def on_event(self, level: str, message: str) -> None:
+        """Rank 0 reports the run's events."""
+
+    def on_checkpoint(self, info: CheckpointInfo) -> None:
+        """Rank 0 writes the run's checkpoints."""
+
+    def on_progress(self, step: int, total: int) -> None:
+        """Rank 0 reports progress."""
+
+    def should_stop(self) -> bool:
+        return False
+
+
 class JsonlSink:
     """Appends metrics to `metrics.jsonl` and log lines to `events.log` in a run folder."""
 

@@ -24,7 +24,8 @@ from training.data import Batches, DatasetInfo, LoadedDataset
 from training.diagnostics import BlockProbe
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
-from training.pipeline import Augmentation, make_batches
+from training.pipeline import Augmentation, make_batches, seed_of
+from training.ranks import STOP_EVERY, Ranks
 from training.recipe import (
     augment_flip,
     augment_pad,
@@ -69,6 +70,12 @@ class Window:
         """Leave time spent outside training steps (evaluation, checkpoints) out of images/s."""
         self.started += seconds
 
+    def gather(self, ranks: Ranks) -> None:
+        """Sum every rank's running sums into rank 0's, emptying the others'."""
+        ranks.total(self.sums)
+        if not ranks.is_main:
+            self.sums.zero_()
+
     def read_and_reset(self) -> tuple[float, float, int, float]:
         """Mean loss, error rate, images and seconds since the last read (one device sync)."""
         loss_sum, error_sum, count = self.sums.tolist()
@@ -87,25 +94,33 @@ def fit(
     device: torch.device | None = None,
     resume: bool = True,
     free_margin: int = checkpoints.FREE_MARGIN_BYTES,
+    ranks: Ranks | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on `data`, checkpointing to `out_dir/checkpoints`; return the summary.
 
     The spec as used, its defaults resolved for the data and the device, goes to
     `out_dir/spec.json` and into every checkpoint. A checkpoint is written only with its
     size plus `free_margin` bytes free on its disk (else `checkpoints.DiskFullError`).
+    With `ranks`, this process is one rank of a distributed run (`training.ranks`).
     """
     info = data.info
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    main = ranks is None or ranks.is_main
     checkpoint_dir = out_dir / checkpoints.DIRECTORY
     fence: checkpoints.Fence | None = getattr(sink, "fence", None)  # a service sink has one
     # A torn or corrupted newest checkpoint is set aside for the one before (as the worker does).
     warn = functools.partial(sink.on_event, "warning")
-    latest = checkpoints.latest_verified(checkpoint_dir, warn=warn) if resume else None
+    latest = checkpoints.latest_verified(checkpoint_dir, warn=warn) if resume and main else None
     restored = checkpoints.load(latest) if latest is not None else None
+    if ranks is not None:
+        # Every rank resumes from rank 0's checkpoint, which only rank 0 needs to read.
+        latest, restored = ranks.share((latest, restored))
+        ranks.check(spec.recipe.batch_size, len(data.train))
     given, spec = spec.recipe, _as_used(spec, info, device, restored)
     recipe, channels_last = spec.recipe, bool(spec.recipe.channels_last)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+    if main:
+        (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
     torch.manual_seed(recipe.seed)
     model = build_model(spec.model, info).to(device)
     if channels_last:
@@ -127,6 +142,7 @@ def fit(
         drop_last=len(data.train) > recipe.batch_size,
         seed=recipe.seed,
         channels_last=channels_last,
+        shard=ranks.shard if ranks is not None else None,
     )
     eval_sets = {
         name: make_batches(
@@ -141,7 +157,7 @@ def fit(
             channels_last=channels_last,
         )
         for name, split in (("val", data.val), ("test", data.test))
-        if len(split) > 0
+        if len(split) > 0 and main
     }
     per_epoch = len(train_batches)
     total = total_iterations(recipe, per_epoch)
@@ -158,8 +174,15 @@ def fit(
         sink.on_event("info", f"training {spec.model.name} on {info.name} for {total} steps")
     sink.on_event("info", describe_augmentation(given, spec))
     sink.on_event("info", f"memory format: {'channels_last' if channels_last else 'NCHW'}")
+    if ranks is not None:
+        _join(ranks, window, state.step, recipe.seed)
+        sink.on_event("info", describe_ranks(ranks.describe(recipe.batch_size, _backend())))
 
     def save_checkpoint(*, is_best: bool) -> None:
+        if ranks is not None:
+            window.gather(ranks)  # the ranks' running sums, into rank 0's checkpoint
+        if not main:
+            return
         saved = _checkpoint_state(spec, info, model, optimizer, scaler, state, window, per_epoch)
         sink.on_checkpoint(
             checkpoints.save(
@@ -172,7 +195,11 @@ def fit(
             )
         )
 
-    runner: nn.Module = torch.compile(model) if recipe.compile else model  # type: ignore[assignment]
+    trained = ranks.wrap(model) if ranks is not None else model
+    runner: nn.Module = torch.compile(trained) if recipe.compile else trained  # type: ignore[assignment]
+    # Rank 0 evaluates alone, so not through DistributedDataParallel (whose forward may
+    # wait for the other ranks).
+    evaluated: nn.Module = model if ranks is not None else runner
     probe = BlockProbe(model)
     started = time.perf_counter()
     train_seconds, train_images = 0.0, 0
@@ -183,13 +210,16 @@ def fit(
         epoch, start = divmod(state.step, per_epoch)
         for x, y in train_batches.epoch(epoch, start):
             set_lr(optimizer, learning_rate(recipe, state.step, total, warming_up=state.warming_up))
-            diagnose = (state.step + 1) % diagnostics_every == 0
+            diagnose = main and (state.step + 1) % diagnostics_every == 0
             with probe.capture(enabled=diagnose):
                 loss, errors = train_step(runner, optimizer, scaler, x, y, recipe, amp_dtype)
             window.add(loss, errors, y.shape[0])
             state.step += 1
             step, epochs = state.step, state.step / per_epoch
             if step % recipe.log_every == 0 or step == total:
+                if ranks is not None:
+                    # Every rank reads the whole batch's error: the warm-up ends on all at once.
+                    ranks.total(window.sums)
                 mean_loss, error, images, seconds = window.read_and_reset()
                 train_images, train_seconds = train_images + images, train_seconds + seconds
                 rate = images / max(seconds, 1e-9)
@@ -201,9 +231,9 @@ def fit(
             if diagnose:
                 sink.on_metrics(step, epochs, probe.read())
             pause = time.perf_counter()
-            if step % eval_every == 0 or step == total:
+            if main and (step % eval_every == 0 or step == total):
                 evaluations = _evaluate_all(
-                    runner, eval_sets, info, state, step, epochs, sink, amp_dtype
+                    evaluated, eval_sets, info, state, step, epochs, sink, amp_dtype
                 )
                 evaluated_at = step
             regular = step % checkpoint_every == 0 or step == total
@@ -213,7 +243,7 @@ def fit(
                 save_checkpoint(is_best=is_best)
             window.exclude(time.perf_counter() - pause)
             sink.on_progress(step, total)
-            if step >= total or sink.should_stop():
+            if step >= total or _should_stop(sink, ranks, step, regular):
                 stopped = step < total
                 if stopped and not regular:
                     # Keep what was trained since the last checkpoint: a handed-back (or
@@ -223,9 +253,9 @@ def fit(
 
     # A stopped run is not evaluated again (a hand-back must be quick and its step axis
     # whole): its summary carries its last evaluation.
-    if evaluated_at != state.step and not stopped:
+    if main and evaluated_at != state.step and not stopped:
         evaluations = _evaluate_all(
-            runner, eval_sets, info, state, state.step, state.step / per_epoch, sink, amp_dtype
+            evaluated, eval_sets, info, state, state.step, state.step / per_epoch, sink, amp_dtype
         )
     summary = _summary(
         spec, info, state, evaluations, total, time.perf_counter() - started, stopped
@@ -234,16 +264,53 @@ def fit(
     used = augment or Augmentation(pad=0, flip=False)
     summary["augmentation"] = {"pad": used.pad, "flip": used.flip}
     summary["channels_last"] = channels_last
+    if ranks is not None:
+        summary["distributed"] = ranks.describe(recipe.batch_size, _backend())
     sink.on_event("info", "stopped on request" if stopped else "finished")
     return summary
+
+
+def _should_stop(sink: EventSink, ranks: Ranks | None, step: int, checkpointed: bool) -> bool:
+    """Whether to stop after `step`: the sink's wish, agreed by all ranks at their stop checks."""
+    if ranks is None:
+        return sink.should_stop()
+    if step % STOP_EVERY and not checkpointed:
+        return False
+    return ranks.agree(sink.should_stop())
+
+
+def _join(ranks: Ranks, window: Window, step: int, seed: int) -> None:
+    """Ready a rank for its first step: the window's restored sums are rank 0's alone, and
+    random ops (dropout) draw a stream of their own on every other rank."""
+    if not ranks.is_main:
+        window.sums.zero_()
+        torch.manual_seed(seed_of(seed, ranks.rank, step))
+
+
+def _backend() -> str:
+    return str(torch.distributed.get_backend())
+
+
+def describe_ranks(facts: dict[str, Any]) -> str:
+    """One log line for how a run is spread over its processes."""
+    return (
+        f"{facts['world_size']} processes ({facts['backend']}): global batch "
+        f"{facts['global_batch']}, {facts['per_rank_batch']} per rank; "
+        f"BatchNorm {facts['batchnorm']}; {facts['lr_rule']}"
+    )
 
 
 def _as_used(
     spec: TrainSpec, info: DatasetInfo, device: torch.device, restored: dict[str, Any] | None
 ) -> TrainSpec:
-    """The spec with its defaults resolved, a resumed run's augmentation kept."""
+    """The spec with its defaults resolved, a resumed run's augmentation kept.
+
+    It is a train spec: a service job's fields of its own (what it needs of a worker) stay
+    out of `spec.json` and checkpoints, which are read back as train specs.
+    """
     resumed = None if restored is None else TrainSpec.model_validate(restored["spec"]).recipe
-    return resolve_defaults(spec, info, device, resumed=resumed)
+    plain = TrainSpec.model_validate(spec.model_dump(include=set(TrainSpec.model_fields)))
+    return resolve_defaults(plain, info, device, resumed=resumed)
 
 
 def _augmentation(spec: TrainSpec, info: DatasetInfo) -> Augmentation | None:

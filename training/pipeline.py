@@ -48,8 +48,12 @@ def make_batches(
     seed: int,
     num_workers: int = 2,
     channels_last: bool = False,
+    shard: Shard | None = None,
 ) -> Batches:
-    """Batches of `split` on `device`: held there if in memory, streamed from its files if not."""
+    """Batches of `split` on `device`: held there if in memory, streamed from its files if not.
+
+    With a `shard`, each batch is that rank's part of the global batch of `batch_size`.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not len(info.mean) == len(info.std) == info.channels:
@@ -57,12 +61,31 @@ def make_batches(
     schedule = _Schedule(len(split), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
     normalise = Normalise(info, device, channels_last=channels_last)
     augmentation = Augmentation() if augment is True else augment or None
+    shard = shard or Shard(0, 1)
     if isinstance(split, TensorSplit):
-        return _TensorBatches(split, schedule, normalise, augmentation)
-    return _FileBatches(split, info, schedule, normalise, augmentation, num_workers)
+        return _TensorBatches(split, schedule, normalise, augmentation, shard)
+    return _FileBatches(split, info, schedule, normalise, augmentation, num_workers, shard)
 
 
-def _seed(*parts: int) -> int:
+@dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `ranks` takes its contiguous part of every global batch."""
+
+    rank: int
+    ranks: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.ranks:
+            raise ValueError(f"rank must be in [0, {self.ranks}), got {self.rank}")
+
+    def of(self, batch: Tensor, dim: int = 0) -> Tensor:
+        """This rank's part of `batch` along `dim` (parts differ in size by at most one)."""
+        if self.ranks == 1:
+            return batch
+        return torch.tensor_split(batch, self.ranks, dim=dim)[self.rank]
+
+
+def seed_of(*parts: int) -> int:
     """A 63-bit seed from integers; neighbouring tuples give unrelated random streams."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -70,7 +93,7 @@ def _seed(*parts: int) -> int:
 
 def _generator(*parts: int) -> torch.Generator:
     """A CPU generator seeded from `parts`, so draws are identical on every device."""
-    return torch.Generator().manual_seed(_seed(*parts))
+    return torch.Generator().manual_seed(seed_of(*parts))
 
 
 @dataclass(frozen=True)
@@ -127,10 +150,12 @@ class _TensorBatches:
         schedule: _Schedule,
         normalise: Normalise,
         augmentation: Augmentation | None,
+        shard: Shard,
     ) -> None:
         self._schedule = schedule
         self._normalise = normalise
         self._augmentation = augmentation
+        self._shard = shard
         self._images = split.images.to(normalise.device)  # the one copy to the device
         self._labels = split.labels.to(normalise.device)
         # An empty split has no pixels to take crops from, and no batches that need them.
@@ -149,7 +174,9 @@ class _TensorBatches:
         plan = self._plan(epoch, start).to(self._normalise.device)
         size = self._schedule.batch_size
         for first in range(0, plan.shape[1], size):
-            batch = plan[:, first : first + size]
+            # The whole global batch is planned on every rank (the same draws), so the
+            # ranks' parts together are exactly the batch one process would train on.
+            batch = self._shard.of(plan[:, first : first + size], dim=1)
             yield self._normalise(self._images_of(batch)), self._labels[batch[0]]
 
     def _plan(self, epoch: int, start: int) -> Tensor:
@@ -220,9 +247,11 @@ class _FileBatches:
         normalise: Normalise,
         augmentation: Augmentation | None,
         num_workers: int,
+        shard: Shard,
     ) -> None:
         self._schedule = schedule
         self._normalise = normalise
+        self._shard = shard
         self._sampler = _EpochSampler(schedule)
         self._loader = DataLoader(
             _FileDataset(split, info, augmentation, seed=schedule.seed),
@@ -245,6 +274,9 @@ class _FileBatches:
         self._sampler.set_epoch(epoch, first=start * self._schedule.batch_size)
         device = self._normalise.device
         for images, labels in self._loader:
+            # Every rank decodes the whole global batch and keeps its part: simple and
+            # exact, at N times the decoding work (a sharded sampler would avoid it).
+            images, labels = self._shard.of(images), self._shard.of(labels)
             # uint8 crosses to the device (a quarter of float32's bytes) and is normalised
             # there, exactly as in-memory splits are.
             x = self._normalise(images.to(device, non_blocking=True))
@@ -295,7 +327,7 @@ class _FileDataset(Dataset[tuple[Tensor, int]]):
         # count and resumable mid-epoch; fork_rng leaves the caller's global generator alone
         # when there are no workers.
         with torch.random.fork_rng(devices=()):
-            torch.manual_seed(_seed(self._seed, epoch, index))
+            torch.manual_seed(seed_of(self._seed, epoch, index))
             return self._transform(image), self._labels[index]
 
 

@@ -19,6 +19,7 @@ from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
 from training.loop import build_model, fit
 from training.pipeline import make_batches
+from training.ranks import Ranks
 from training.specs import DatasetSpec, TrainSpec
 
 
@@ -33,17 +34,38 @@ def train(
     resume: bool = True,
     prepare: Callable[[LoadedDataset], None] | None = None,
     free_margin: int = checkpoints.FREE_MARGIN_BYTES,
+    nproc: int = 1,
+    ranks: Ranks | None = None,
 ) -> dict[str, Any]:
     """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`.
 
     `prepare` sees the loaded dataset before training starts (the service sets the job's
     time limits from it). A checkpoint needs its size plus `free_margin` bytes free.
     `spec.json` is the spec as used, defaults resolved (`fit` writes it). The summary's
-    non-finite numbers are None, as JSON has no NaN.
+    non-finite numbers are None, as JSON has no NaN. With `nproc` > 1 the run spans that
+    many processes of this host (`training.distributed`, one device each); `ranks` is
+    this process's place in such a run, set by that module.
     """
+    if nproc > 1:
+        # Imported here: the launcher runs each rank through this function.
+        from training import distributed
+
+        return distributed.train(
+            spec,
+            nproc=nproc,
+            data_root=data_root,
+            out_dir=out_dir,
+            sink=sink,
+            device=device,
+            download=download,
+            resume=resume,
+            prepare=prepare,
+            free_margin=free_margin,
+        )
+    main = ranks is None or ranks.is_main
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(spec.dataset, data_root=data_root, download=download)
-    if prepare is not None:
+    data = _load(spec, data_root, download, ranks)
+    if prepare is not None and main:
         prepare(data)
     fitted = fit(
         spec,
@@ -53,10 +75,21 @@ def train(
         device=device,
         resume=resume,
         free_margin=free_margin,
+        ranks=ranks,
     )
     summary: dict[str, Any] = json_safe(fitted)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if main:
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _load(spec: TrainSpec, data_root: Path, download: bool, ranks: Ranks | None) -> LoadedDataset:
+    """The spec's dataset; of several ranks, rank 0 downloads it before the others read it."""
+    if ranks is None or not download:
+        return load_dataset(spec.dataset, data_root=data_root, download=download)
+    data = load_dataset(spec.dataset, data_root=data_root, download=True) if ranks.is_main else None
+    torch.distributed.barrier()
+    return data or load_dataset(spec.dataset, data_root=data_root, download=False)
 
 
 def json_safe(value: Any) -> Any:

@@ -1,0 +1,291 @@
+"""One training run on several processes with DistributedDataParallel (torch.distributed).
+
+`train` runs one process per device. The calling process is rank 0: it reports through the
+caller's sink and writes the checkpoints exactly as a one-process run does (so the worker's
+fenced database sink and its watchdog work unchanged), and it starts ranks 1..N-1 as child
+processes of `python -m training.distributed`. The ranks meet at a TCPStore that rank 0
+hosts (on a free port unless one is given) and talk over NCCL on GPUs, one device each, or
+gloo on CPUs.
+
+A rank that dies ends the attempt: gloo sees the closed connection at once, every
+collective has a timeout (NCCL's backstop), the launcher ends the ranks still running, and
+a child dies with its launcher (Linux's parent-death signal). The next attempt resumes from
+rank 0's last checkpoint, which every rank loads.
+
+Several hosts (N nodes x M processes) meet the same way: torchrun's MASTER_ADDR,
+MASTER_PORT, NNODES and NODE_RANK make the `Rendezvous`; global rank = NODE_RANK x M +
+local rank; node 0's launcher is rank 0 and hosts the store.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
+
+from training import checkpoints, runs
+from training.data import LoadedDataset
+from training.events import EventSink, NullSink
+from training.ranks import Ranks
+from training.specs import TrainSpec
+
+# Longest a rank waits in a collective (rank 0 evaluates and checkpoints while the others
+# wait), and for the others at the start. A dead rank is noticed sooner: gloo sees its
+# connection close, and the launcher sees its exit.
+DEFAULT_TIMEOUT_S = 300.0
+END_GRACE_S = 5.0  # how long a rank has to exit on SIGTERM before it is killed
+SETTLE_S = 2.0  # how long a failed launcher waits to learn which rank died, if one did
+PR_SET_PDEATHSIG = 1
+
+
+class RankFailedError(RuntimeError):
+    """A rank of a distributed run died or failed: the attempt ends."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet: torchrun's MASTER_ADDR, MASTER_PORT, NNODES and NODE_RANK."""
+
+    addr: str = "127.0.0.1"
+    port: int = 0  # 0: a free port of this host (one host only)
+    nnodes: int = 1
+    node_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and self.port == 0:
+            raise ValueError("a run on several hosts needs a MASTER_PORT that every host uses")
+
+
+def rank_devices(device: torch.device | None, nproc: int) -> list[torch.device]:
+    """One device per local rank: consecutive GPUs from `device`'s index, else the CPU."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        return [device] * nproc
+    if device.type != "cuda":
+        raise ValueError(f"several processes train on cuda or cpu devices, not {device.type}")
+    first, count = device.index or 0, torch.cuda.device_count()
+    if first + nproc > count:
+        raise ValueError(
+            f"{nproc} processes need {nproc} GPUs from cuda:{first}; this host has {count}"
+        )
+    return [torch.device("cuda", first + index) for index in range(nproc)]
+
+
+def train(
+    spec: TrainSpec,
+    *,
+    nproc: int,
+    data_root: Path,
+    out_dir: Path,
+    sink: EventSink,
+    device: torch.device | None = None,
+    download: bool = False,
+    resume: bool = True,
+    prepare: Callable[[LoadedDataset], None] | None = None,
+    free_margin: int = checkpoints.FREE_MARGIN_BYTES,
+    rendezvous: Rendezvous | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Train `spec` on `nproc` processes of this host, one device each; returns the summary.
+
+    Arguments are `runs.train`'s. On the host of rank 0 the summary is the run's; a rank
+    that fails ends them all with `RankFailedError`.
+    """
+    meet = rendezvous or Rendezvous()
+    devices = rank_devices(device, nproc)
+    backend = "nccl" if devices[0].type == "cuda" else "gloo"
+    world, first = nproc * meet.nnodes, meet.node_rank * nproc
+    timeout = timedelta(seconds=timeout_s)
+    store = TCPStore(
+        meet.addr, meet.port, world, is_master=first == 0, timeout=timeout, wait_for_workers=False
+    )
+    common = {
+        # Only the fields of a train spec: a job spec's extra fields are the service's.
+        "spec": spec.model_dump(mode="json", include=set(TrainSpec.model_fields)),
+        "data_root": str(data_root),
+        "out_dir": str(out_dir),
+        "download": download,
+        "resume": resume,
+        "free_margin": free_margin,
+        "addr": meet.addr,
+        "port": store.port,
+        "world_size": world,
+        "backend": backend,
+        "timeout_s": timeout_s,
+        "threads": _threads_per_rank(devices[0], nproc),
+        "parent": os.getpid(),
+    }
+    children = {
+        first + local: _spawn({**common, "rank": first + local, "device": str(devices[local])})
+        for local in range(1, nproc)
+    }
+    own_sink: EventSink = sink if first == 0 else NullSink()
+    pids = ", ".join(f"rank {rank} pid {child.pid}" for rank, child in children.items())
+    own_sink.on_event("info", f"started {world} ranks on {backend}: rank {first} here, {pids}")
+    try:
+        with _threads(_threads_per_rank(devices[0], nproc)):
+            ranks = _join(store, first, world, devices[0], backend, timeout)
+            summary = runs.train(
+                spec,
+                data_root=data_root,
+                out_dir=out_dir,
+                sink=own_sink,
+                device=devices[0],
+                download=download,
+                resume=resume,
+                prepare=prepare,
+                free_margin=free_margin,
+                ranks=ranks,
+            )
+        _wait(children, timeout_s, own_sink)
+    except Exception as error:
+        failed = _failures(children, settle_s=SETTLE_S)
+        if failed:
+            raise RankFailedError(
+                f"{failed}; the other ranks were ended. The run resumes from its last "
+                "checkpoint when started again."
+            ) from error
+        raise
+    finally:
+        _end(children)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return summary
+
+
+def _join(
+    store: Store,
+    rank: int,
+    world: int,
+    device: torch.device,
+    backend: str,
+    timeout: timedelta,
+) -> Ranks:
+    """Join the run's process group as `rank`, on `device`."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    return Ranks(rank, world, device)
+
+
+def _threads_per_rank(device: torch.device, nproc: int) -> int:
+    """CPU threads per rank: the host's cores shared out, so the ranks do not oversubscribe."""
+    if device.type == "cuda":
+        return torch.get_num_threads()
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+@contextmanager
+def _threads(count: int) -> Iterator[None]:
+    """Use `count` CPU threads in this process for the run, then as many as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _spawn(launch: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Start one rank. In a session of its own: a Ctrl-C reaches the launcher, which stops
+    the run in step and checkpoints, rather than killing the ranks mid-step."""
+    command = [sys.executable, "-m", "training.distributed", json.dumps(launch)]
+    return subprocess.Popen(command, start_new_session=True)
+
+
+def _wait(children: dict[int, subprocess.Popen[bytes]], timeout_s: float, sink: EventSink) -> None:
+    """Wait for the other ranks to exit once the run is over; what they trained is saved."""
+    for child in children.values():
+        child.wait(timeout_s)
+    failed = _failures(children)
+    if failed:
+        sink.on_event("warning", f"{failed} after the run ended")
+
+
+def _failures(children: dict[int, subprocess.Popen[bytes]], settle_s: float = 0.0) -> str:
+    """Which ranks have exited with an error, and how; empty when none has.
+
+    A rank's death reaches the others (its connections close) before its exit status does:
+    with `settle_s`, wait that long for a status before deciding that none failed.
+    """
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and all(c.poll() is None for c in children.values()):
+        time.sleep(0.05)
+    failed = []
+    for rank, child in children.items():
+        code = child.poll()
+        if code is not None and code < 0:
+            failed.append(
+                f"rank {rank} (pid {child.pid}) was killed by {signal.Signals(-code).name}"
+            )
+        elif code:
+            failed.append(f"rank {rank} (pid {child.pid}) exited with status {code}")
+    return "; ".join(failed)
+
+
+def _end(children: dict[int, subprocess.Popen[bytes]]) -> None:
+    """End the ranks still running: SIGTERM, then SIGKILL after a grace."""
+    running = [child for child in children.values() if child.poll() is None]
+    for child in running:
+        child.terminate()
+    for child in running:
+        try:
+            child.wait(END_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have Linux kill this rank when its launcher dies, so that no rank outlives its run."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the launcher died before the signal was armed
+        raise SystemExit(f"the launcher (pid {parent}) is gone")
+
+
+def main(argv: list[str]) -> None:
+    """Run one rank other than the launcher's, as `train` started it."""
+    launch = json.loads(argv[0])
+    _die_with_parent(launch["parent"])
+    device = torch.device(launch["device"])
+    torch.set_num_threads(launch["threads"])
+    timeout = timedelta(seconds=launch["timeout_s"])
+    store = TCPStore(
+        launch["addr"], launch["port"], launch["world_size"], is_master=False, timeout=timeout
+    )
+    ranks = _join(store, launch["rank"], launch["world_size"], device, launch["backend"], timeout)
+    try:
+        runs.train(
+            TrainSpec.model_validate(launch["spec"]),
+            data_root=Path(launch["data_root"]),
+            out_dir=Path(launch["out_dir"]),
+            sink=NullSink(),
+            device=device,
+            download=launch["download"],
+            resume=launch["resume"],
+            free_margin=launch["free_margin"],
+            ranks=ranks,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
