@@ -26,8 +26,30 @@ from cli.train_options import (
     train_spec,
 )
 from core.settings import get_settings
-from training import runs
+from training import distributed, runs
 from training.specs import DatasetSpec, TrainSpec
+
+Nproc = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Processes on this host, one device each (DistributedDataParallel: NCCL on "
+        "GPUs, gloo on CPUs); the batch size is the global batch.",
+    ),
+]
+Nnodes = Annotated[int, typer.Option(min=1, envvar="NNODES", help="Hosts in the run.")]
+NodeRank = Annotated[
+    int, typer.Option(min=0, envvar="NODE_RANK", help="This host's place, 0..nnodes-1.")
+]
+MasterAddr = Annotated[
+    str, typer.Option(envvar="MASTER_ADDR", help="Address of the host of rank 0 (node 0).")
+]
+MasterPort = Annotated[
+    int,
+    typer.Option(
+        min=0, max=65535, envvar="MASTER_PORT", help="Its port; 0: any free one (one host)."
+    ),
+]
 
 
 def list_zoo(
@@ -99,6 +121,11 @@ def train(
     ] = None,
     data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the run folder's checkpoint.")] = True,
+    nproc: Nproc = 1,
+    nnodes: Nnodes = 1,
+    node_rank: NodeRank = 0,
+    master_addr: MasterAddr = "127.0.0.1",
+    master_port: MasterPort = 0,
 ) -> None:
     """Train a model locally, with no server; ends with a summary table."""
     payload = (
@@ -117,16 +144,25 @@ def train(
     spec = _spec_or_exit(payload)
     settings = get_settings()
     console = Console()
+    try:
+        meet = distributed.Rendezvous(master_addr, master_port, nnodes, node_rank)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--nnodes/--master-port") from error
+    arguments: dict[str, Any] = {
+        "data_root": data_root or settings.data_dir,
+        "out_dir": out,
+        "device": torch.device(device) if device else None,
+        "download": settings.allow_downloads,
+        "resume": resume,
+    }
     with ProgressSink(out, console) as sink:
-        summary = runs.train(
-            spec,
-            data_root=data_root or settings.data_dir,
-            out_dir=out,
-            sink=sink,
-            device=torch.device(device) if device else None,
-            download=settings.allow_downloads,
-            resume=resume,
-        )
+        if nproc * nnodes > 1:
+            summary = distributed.train(spec, nproc=nproc, rendezvous=meet, sink=sink, **arguments)
+        else:
+            summary = runs.train(spec, sink=sink, **arguments)
+    if node_rank > 0:
+        console.print(f"node {node_rank}: its ranks are done; node 0 holds the run folder")
+        return
     table = facts(
         f"{spec.model.name} on {summary['dataset']}",
         ("steps", f"{summary['steps']:,} / {summary['total_steps']:,}"),
@@ -136,9 +172,18 @@ def train(
         ("best test error", percent(summary["best_test_error"])),
         ("train images/s", f"{summary['images_per_s'] or 0:,.0f}"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        *_spread(summary.get("distributed")),
         ("run folder", str(out)),
     )
     console.print(table)
+
+
+def _spread(facts: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The table row of a run on several processes; none for one process."""
+    if facts is None:
+        return []
+    per_rank = f"{facts['per_rank_batch']} of the global batch {facts['global_batch']} each"
+    return [("processes", f"{facts['world_size']} ({facts['backend']}), {per_rank}")]
 
 
 def evaluate(

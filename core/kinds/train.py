@@ -70,7 +70,14 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
         resume=True,
         prepare=lambda data: context.set_budget(*budget(spec, data, settings)),
         free_margin=settings.checkpoint_free_margin_bytes,
+        nproc=processes(spec),
     )
+
+
+def processes(spec: TrainJobSpec) -> int:
+    """The processes that train the job: one per GPU it needs, as one DistributedDataParallel
+    run on its worker's devices (on a worker that has none, as many CPU processes)."""
+    return max(1, spec.resources.gpus or 1)
 
 
 def budget(spec: TrainJobSpec, data: LoadedDataset, settings: Settings) -> tuple[int, float]:
