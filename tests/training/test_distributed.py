@@ -30,6 +30,7 @@ from training.distributed import RankFailedError
 from training.events import RecordingSink
 from training.loop import _augmentation, build_model, fit
 from training.pipeline import make_batches
+from training.ranks import STOP_EVERY
 from training.recipe import learning_rate, make_optimizer, set_lr
 from training.specs import TrainSpec
 
@@ -169,3 +170,14 @@ def test_a_killed_rank_ends_the_attempt_and_the_run_resumes_on_its_step_axis(
     assert not summary["stopped"]
     assert [step for step, _ in resumed.series("train/loss")] == list(range(5, 13))
     assert checkpoints.latest(out / checkpoints.DIRECTORY) == out / "checkpoints" / "step-12.pt"
+
+
+def test_the_ranks_stop_together_at_the_first_stop_check_after_a_request(tmp_path: Path) -> None:
+    spec, out = _spec(iterations=30, checkpoint_every=20, log_every=4), tmp_path / "run"
+    stopping = RecordingSink(stop_at=2)
+    summary = runs.train(spec, data_root=tmp_path, out_dir=out, sink=stopping, nproc=2)
+    assert summary["stopped"]
+    assert summary["steps"] == STOP_EVERY  # asked after step 2; the ranks agree every 10
+    saved = checkpoints.load(out / "checkpoints" / f"step-{STOP_EVERY}.pt")
+    # Both ranks' running sums since the last log (steps 9 and 10), in rank 0's checkpoint.
+    assert saved["loop"]["window"][2] == 2 * spec.recipe.batch_size
