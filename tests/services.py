@@ -102,8 +102,8 @@ def throwaway_database(prefix: str = "resnet_test") -> Iterator[str]:
 
 
 @contextmanager
-def s3_server() -> Iterator[str]:
-    """moto's S3 server on a free port of 127.0.0.1, in a subprocess; its endpoint URL. It
+def s3_server(host: str = "127.0.0.1") -> Iterator[str]:
+    """moto's S3 server on a free port of `host`, in a subprocess; its endpoint URL. It
     fails (never skips) when the server does not start."""
     binary = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which(
         "moto_server"
@@ -111,11 +111,11 @@ def s3_server() -> Iterator[str]:
     if binary is None:
         raise RuntimeError("moto_server is not installed; pip install -e '.[dev]'")
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     # Its request log goes to a file: a pipe nobody reads would fill and stall the server.
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
-            [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+            [binary, "-H", host, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
         )
         try:
             wait_until_answering(url, process, log)
