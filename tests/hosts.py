@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import subprocess
 import threading
 import uuid
@@ -57,10 +58,11 @@ class Host:
 
 
 class Network:
-    """A bridge with the service address, and hosts behind it (10.<a>.<b>.0/24)."""
+    """A bridge with the service address, and hosts behind it, on a /24."""
 
-    def __init__(self, subnet: str = "10.231.7") -> None:
-        self.subnet = subnet
+    def __init__(self, subnet: str | None = None) -> None:
+        # A subnet of its own per run: one a crashed run left behind is never reused.
+        self.subnet = subnet or f"10.231.{random.randrange(1, 255)}"
         self.tag = uuid.uuid4().hex[:6]  # names of this run's links and namespaces
         self.bridge = f"rsbr{self.tag}"
         self.address = f"{subnet}.1"  # the services'
@@ -98,7 +100,7 @@ class Network:
 
 
 @contextlib.contextmanager
-def network(subnet: str = "10.231.7") -> Iterator[Network]:
+def network(subnet: str | None = None) -> Iterator[Network]:
     """A `Network`, removed at the end whatever happens."""
     made = Network(subnet)
     try:
