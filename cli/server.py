@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.panel import Panel
 from sqlalchemy.engine import make_url
 
+from core import resources
 from core.db import schema
-from core.queue import QUEUE
 from core.settings import Settings, get_settings
 
 # The children of `up` run this same command line in a fresh interpreter.
@@ -44,11 +44,23 @@ def worker(
     ] = None,
     name: Annotated[str, typer.Option(help="Celery node name (%h: host name).")] = "worker@%h",
     loglevel: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="all, or GPU ids such as 0,1: one worker process per GPU (group)."),
+    ] = None,
+    gpus_per_worker: Annotated[
+        int,
+        typer.Option(min=1, max=resources.MAX_GPUS, help="GPUs each worker process owns."),
+    ] = 1,
+    group: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """A worker: one job at a time from the train queue, with the reaper (one per GPU)."""
-    if device:
+    """A worker: one job at a time from the queues it can serve, with the reaper; with
+    --gpus, one such worker per GPU (or per group of --gpus-per-worker GPUs), supervised."""
+    if gpus is not None and group is None:
+        raise typer.Exit(supervise_workers(gpus, gpus_per_worker, name, loglevel))
+    if device or group is not None:
         # worker.tasks reads the settings once, at import; the device is one of them.
-        os.environ["DEVICE"] = device
+        os.environ["DEVICE"] = device or "cuda:0"
         get_settings.cache_clear()
     settings = get_settings()
     try:
@@ -56,17 +68,38 @@ def worker(
     except schema.SchemaOutdated as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
+    owned = _devices(settings, group)
+    from worker import presence
     from worker.tasks import app as celery
 
+    presence.DEVICES[:] = owned
+    queues = resources.queues_served(sum(d.startswith("cuda") for d in owned))
     # app.start, unlike worker_main, hands back the worker's exit status.
-    raise typer.Exit(celery.start(worker_argv(name, loglevel)) or 0)
+    raise typer.Exit(celery.start(worker_argv(name, loglevel, queues)) or 0)
 
 
-def worker_argv(name: str, loglevel: str) -> list[str]:
-    """Celery worker arguments: the train queue, one prefork process, one job at a time."""
+def _devices(settings: Settings, group: str | None) -> list[str]:
+    """The devices this worker process owns: its group's GPUs, else its device."""
+    if group is not None:
+        return [f"cuda:{index}" for index in group.split(",")]
+    if settings.device:
+        return [settings.device]
+    # NVML's count: it does not initialise CUDA in this process, which forks the job's.
+    return ["cuda:0"] if visible_gpus() else ["cpu"]
+
+
+def visible_gpus() -> int:
+    """How many GPUs this machine shows (CUDA_VISIBLE_DEVICES applied)."""
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def worker_argv(name: str, loglevel: str, queues: list[str] | None = None) -> list[str]:
+    """Celery worker arguments: the queues served, one prefork process, one job at a time."""
     return [
         "worker",
-        f"--queues={QUEUE}",
+        f"--queues={','.join(queues or [resources.CPU_QUEUE])}",
         "--concurrency=1",
         "--pool=prefork",
         f"--hostname={name}",
@@ -74,6 +107,70 @@ def worker_argv(name: str, loglevel: str) -> list[str]:
         "--without-gossip",  # workers need not know each other: the database coordinates
         "--without-mingle",
     ]
+
+
+def gpu_groups(gpus: str, per_worker: int, visible: int) -> list[list[int]]:
+    """The GPU ids of each worker process, or `BadParameter` saying what is wrong."""
+    if visible == 0:
+        raise typer.BadParameter(
+            "no GPU is visible on this machine (CUDA_VISIBLE_DEVICES applied); leave out "
+            "--gpus to run one CPU worker",
+            param_hint="--gpus",
+        )
+    try:
+        ids = list(range(visible)) if gpus == "all" else [int(i) for i in gpus.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{gpus!r} is neither all nor GPU ids such as 0,1") from None
+    unknown = sorted({i for i in ids if not 0 <= i < visible})
+    if unknown or len(set(ids)) != len(ids):
+        raise typer.BadParameter(
+            f"GPU ids must be distinct and below {visible} (the GPUs visible here), not {gpus}",
+            param_hint="--gpus",
+        )
+    if len(ids) % per_worker:
+        raise typer.BadParameter(
+            f"{len(ids)} GPUs do not split into groups of {per_worker} (--gpus-per-worker)",
+            param_hint="--gpus",
+        )
+    return [ids[i : i + per_worker] for i in range(0, len(ids), per_worker)]
+
+
+def supervise_workers(gpus: str, per_worker: int, name: str, loglevel: str) -> int:
+    """One worker process per GPU group, each seeing only its GPUs; SIGTERM or SIGQUIT goes
+    to every one (a warm stop hands their jobs back); the exit code."""
+    groups = gpu_groups(gpus, per_worker, visible_gpus())
+    children = {}
+    for ids in groups:
+        label = "-".join(map(str, ids))
+        node = name.replace("@", f"-gpu{label}@", 1) if "@" in name else f"{name}-gpu{label}"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}
+        args = ["worker", "--group", ",".join(map(str, ids)), "--name", node]
+        children[node] = _spawn([*args, "--loglevel", loglevel], env, signal.SIGTERM)
+    typer.echo(f"{len(children)} workers: {', '.join(children)}", err=True)
+    return watch_workers(children)
+
+
+def watch_workers(children: dict[str, subprocess.Popen[bytes]]) -> int:
+    """Pass SIGTERM/SIGQUIT/SIGINT on to every worker and wait for all; if one exits by
+    itself, stop the others warm. The exit code: 1 if any worker failed."""
+    passed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT):
+        signal.signal(sig, lambda number, _: passed.append(signal.Signals(number)))
+    sent: set[tuple[str, signal.Signals]] = set()
+    while any(child.poll() is None for child in children.values()):
+        ended = any(child.poll() is not None for child in children.values())
+        wanted = passed[-1] if passed else (signal.SIGTERM if ended else None)
+        for node, child in children.items():
+            if wanted is not None and child.poll() is None and (node, wanted) not in sent:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(wanted)
+                sent.add((node, wanted))
+        time.sleep(0.2)
+    codes = {node: child.returncode for node, child in children.items()}
+    failed = {node: code for node, code in codes.items() if code}
+    if failed:
+        typer.echo(f"workers exited with {failed}", err=True)
+    return 1 if failed and not passed else 0
 
 
 def api(

@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import Celery
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from core import resources
 from core.db.session import session_scope
@@ -77,14 +78,19 @@ def app_for(settings: Settings) -> Celery:
     return celery_app(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
 
 
-def queues_of(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> dict[uuid.UUID, str]:
-    """The queue of each committed job, from its stored spec (a deleted job has none)."""
+def queues_in(session: Session, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The queue of each job, from its stored spec (a deleted job has none)."""
     wanted = list(job_ids)
     if not wanted:
         return {}
-    with session_scope(settings.database_url) as session:
-        rows = session.execute(select(Job.id, Job.spec).where(Job.id.in_(wanted))).all()
+    rows = session.execute(select(Job.id, Job.spec).where(Job.id.in_(wanted))).all()
     return {job_id: resources.queue_of(spec) for job_id, spec in rows}
+
+
+def queues_of(job_ids: Iterable[uuid.UUID], *, settings: Settings) -> dict[uuid.UUID, str]:
+    """The queue of each committed job, read in a session of its own."""
+    with session_scope(settings.database_url) as session:
+        return queues_in(session, job_ids)
 
 
 def enqueue(job_id: uuid.UUID, *, settings: Settings, queue: str | None = None) -> None:

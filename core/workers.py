@@ -58,9 +58,10 @@ def register(
     session.execute(statement.on_conflict_do_update(index_elements=["name"], set_=changed))
 
 
-def heartbeat(*, session: Session, name: str) -> None:
-    """Record that the worker's main process is alive now."""
-    session.execute(update(Worker).where(Worker.name == name).values(last_seen_at=utcnow()))
+def heartbeat(*, session: Session, name: str) -> bool:
+    """Record that the worker's main process is alive now; False if it has no row."""
+    statement = update(Worker).where(Worker.name == name).values(last_seen_at=utcnow())
+    return bool(session.execute(statement.returning(Worker.name)).first())
 
 
 def running(*, session: Session, name: str, job_id: uuid.UUID | None) -> None:

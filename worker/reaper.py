@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
@@ -60,9 +61,12 @@ def reap_once(settings: Settings) -> list[uuid.UUID]:
             for study_id in studies.studies_with_held_jobs(session=session)
             for job_id in studies.release(session=session, study_id=study_id)
         ]
-    for job_id in [*expired, *lost, *released]:
-        enqueue(job_id, settings=settings)
-    return [*expired, *lost, *released]
+        taken = [*expired, *lost, *released]
+        # Read here, in this pass's unpooled session: a pool would be forked into the jobs.
+        queues = queue.queues_in(session, taken)
+    for job_id in taken:
+        enqueue(job_id, settings=settings, queue=queues.get(job_id, queue.QUEUE))
+    return taken
 
 
 def _note(session: Session, job_id: uuid.UUID, message: str) -> None:
@@ -71,17 +75,21 @@ def _note(session: Session, job_id: uuid.UUID, message: str) -> None:
 
 
 class Reaper(threading.Thread):
-    """Runs `reap_once` every `interval(settings)` seconds until stopped."""
+    """Runs `reap_once` every `interval(settings)` seconds until stopped; `beat` (the
+    worker's heartbeat in the register), when set, runs before each pass."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(name="reaper", daemon=True)
         self.settings = settings
+        self.beat: Callable[[], None] | None = None
         self._done = threading.Event()
 
     def run(self) -> None:
         seconds = interval(self.settings)
         while not self._done.is_set():
             try:
+                if self.beat is not None:
+                    self.beat()
                 reap_once(self.settings)
             except UNAVAILABLE as error:
                 log.warning(

@@ -24,7 +24,7 @@ from core.db import schema
 from core.db.session import get_engine
 from core.queue import REAP, RUN_JOB, app_for
 from core.settings import get_settings
-from worker import reaper, runner
+from worker import presence, reaper, runner
 from worker.watchdog import SHUTTING_DOWN
 
 settings = get_settings()
@@ -33,17 +33,24 @@ _reaper = reaper.Reaper(settings)
 
 
 def run_job(task: Any, job_id: str) -> None:
-    """Claim the job and run it to its outcome; a delivery that cannot claim does nothing.
+    """Claim the job and run it to its outcome; a delivery that cannot claim does nothing,
+    and one this worker cannot serve (it needs more GPUs) goes back to its queue.
 
     SIGTERM meanwhile asks the job to checkpoint and go back to the queue.
     """
-    worker = f"{task.request.hostname} pid {os.getpid()}"
+    node, job = task.request.hostname, uuid.UUID(job_id)
+    worker = f"{node} pid {os.getpid()}"
+    job_settings = presence.settings_for(settings, job)
+    if job_settings is None:
+        return
     # Here, not at the process's start: billiard installs its own handlers after that.
     previous = signal.signal(signal.SIGTERM, lambda *_: SHUTTING_DOWN.set())
+    presence.job_started(settings, node, job)
     try:
-        runner.execute(uuid.UUID(job_id), settings=settings, worker=worker)
+        runner.execute(job, settings=job_settings, worker=worker)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        presence.job_ended(settings, node, job, worker)
 
 
 def reap_expired() -> int:
@@ -62,12 +69,18 @@ def _refuse_old_schema(**_: object) -> None:
         get_engine(settings.database_url).dispose()
 
 
-def _start_reaper(**_: object) -> None:
+def _start_reaper(sender: Any, **_: object) -> None:
+    """In the main process, once ready: start the reaper, whose passes begin with this
+    worker's heartbeat in the register (the first writes its row)."""
+    consumed = presence.ordered(sender.app.amqp.queues.consume_from)
+    _reaper.beat = presence.Presence(settings, sender.hostname, consumed).beat
     _reaper.start()
 
 
-def _stop_reaper(**_: object) -> None:
+def _stop_reaper(sender: Any, **_: object) -> None:
+    """At shutdown: stop the reaper, then leave the register (a stopped worker is not lost)."""
     _reaper.stop()
+    presence.leave(settings, sender.hostname)
 
 
 def _pass_on_shutdown(**_: object) -> None:

@@ -95,6 +95,11 @@ class WorkerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def stop_warm(self, timeout: float = 60) -> int:
+        """SIGTERM (a warm shutdown, as `docker compose stop`); the exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
     def stop(self) -> None:
         """Cold shutdown, then kill whatever is left."""
         if self.process.poll() is None:
