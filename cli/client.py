@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,39 +27,31 @@ from cli.train_options import (
     RecipeFields,
     train_spec,
 )
-from core.settings import get_settings
+from client import ApiError, Client, ServiceUnreachableError
+from client.api import RECONNECTS
+from client.models import ImagePrediction
 
-API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
 Url = Annotated[
     str | None, typer.Option("--url", help="The service; default: RESNET_URL or 127.0.0.1:8000.")
 ]
 Key = Annotated[str | None, typer.Option("--key", help="API key; default: RESNET_KEY.")]
-RECONNECTS = 5  # a dropped event stream is resumed this many times (from Last-Event-ID)
 
 
-def _client(url: str | None, key: str | None) -> httpx.Client:
-    """An HTTP client for the service's /api/v1, with the API key if there is one."""
-    settings = get_settings()
-    secret = key or settings.client_key
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    base = (url or settings.client_url).rstrip("/") + API_PREFIX
-    return httpx.Client(base_url=base, headers=headers, timeout=30)
-
-
-def _checked(response: httpx.Response) -> Any:
-    """The JSON of a successful answer; otherwise print the error and exit (2 for 422)."""
-    if response.is_success:
-        return response.json()
+@contextmanager
+def connect(url: str | None, key: str | None) -> Iterator[Client]:
+    """The service's client; a refusal is printed and exits 2 (invalid, 422) or 1."""
     try:
-        error = response.json()["error"]
-    except (ValueError, KeyError):
-        typer.echo(f"error: HTTP {response.status_code}: {response.text[:500]}", err=True)
+        with Client(url, key) as client:
+            yield client
+    except ApiError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        for detail in error.details[1:]:
+            where = ".".join(str(part) for part in detail["loc"][1:])
+            typer.echo(f"error: {where}: {detail['msg']}", err=True)
+        raise typer.Exit(2 if error.status == 422 else 1) from None
+    except ServiceUnreachableError as error:
+        typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"error: {error['message']}", err=True)
-    for detail in error["details"][1:]:
-        where = ".".join(str(part) for part in detail["loc"][1:])
-        typer.echo(f"error: {where}: {detail['msg']}", err=True)
-    raise typer.Exit(2 if response.status_code == 422 else 1)
 
 
 def submit(
@@ -98,8 +90,8 @@ def submit(
             ),
         }
     )
-    with _client(url, key) as client:
-        job = _checked(client.post("/jobs", json=payload))
+    with connect(url, key) as client:
+        job = client.submit(payload)
     typer.echo(job["id"])
     if follow:
         watch(job["id"], url=url, key=key)
@@ -118,11 +110,10 @@ def list_jobs(
     key: Key = None,
 ) -> None:
     """The service's jobs as a table, newest first."""
-    filters = {"status": status or [], "model": model, "dataset": dataset, "tag": tag}
-    params: dict[str, str | int | list[str]] = {k: v for k, v in filters.items() if v}
-    params |= {"sort": sort, "limit": limit}
-    with _client(url, key) as client:
-        page = _checked(client.get("/jobs", params=params))
+    with connect(url, key) as client:
+        page = client.jobs_page(
+            status=status or [], model=model, dataset=dataset, tag=tag, sort=sort, limit=limit
+        )
     table = Table(title=f"jobs ({sort})")
     for column in (
         "id",
@@ -152,19 +143,6 @@ def list_jobs(
     Console(width=None if Console().is_terminal else 160).print(table)
 
 
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
-    """(event, data, id) of each event of a Server-Sent Events stream."""
-    fields: dict[str, str] = {}
-    for line in lines:
-        if line:
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
-            continue
-        if "event" in fields:
-            yield fields["event"], json.loads(fields.get("data", "null")), fields.get("id")
-        fields = {}
-
-
 class _Watch:
     """A job's progress bar and log, drawn from its event stream."""
 
@@ -173,9 +151,8 @@ class _Watch:
         self.progress = progress
         self.task = progress.add_task(job_id[:8], total=None)
         self.latest: dict[str, float] = {}
-        self.last_event_id: str | None = None
 
-    def show(self, event: str, data: Any) -> str | None:
+    def show(self, event: str, data: dict[str, Any]) -> str | None:
         """Draw one event; the job's final status when it is `end`."""
         if event == "log":
             self.progress.console.print(f"[dim]{data['created_at'][11:19]}[/] {data['message']}")
@@ -193,22 +170,6 @@ class _Watch:
             self.progress.update(self.task, description=f"{self.job_id[:8]} {'  '.join(shown)}")
         return str(data["status"]) if event == "end" else None
 
-    def follow(self, client: httpx.Client) -> str | None:
-        """Read the stream until `end` (the status) or until it drops (None)."""
-        headers = {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
-        path = f"/jobs/{self.job_id}/events"
-        timeout = httpx.Timeout(30, read=None)
-        with client.stream("GET", path, headers=headers, timeout=timeout) as response:
-            if not response.is_success:
-                response.read()
-                _checked(response)
-            for event, data, event_id in _sse(response.iter_lines()):
-                self.last_event_id = event_id or self.last_event_id
-                ended = self.show(event, data)
-                if ended is not None:
-                    return ended
-        return None
-
 
 def watch(
     job_id: Annotated[str, typer.Argument(help="The job's id.")],
@@ -218,16 +179,17 @@ def watch(
     """Follow a job live until it ends; exits 1 unless it succeeded."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     status = None
-    with _client(url, key) as client, Progress(*columns, TimeElapsedColumn()) as progress:
+    with connect(url, key) as client, Progress(*columns, TimeElapsedColumn()) as progress:
         watching = _Watch(job_id, progress)
-        for _attempt in range(RECONNECTS + 1):
-            try:
-                status = watching.follow(client)
-            except httpx.TransportError as error:
-                progress.console.print(f"[yellow]stream dropped ({error}); reconnecting[/]")
-                continue
-            if status is not None:
-                break
+
+        def dropped(error: ServiceUnreachableError) -> None:
+            progress.console.print(f"[yellow]stream dropped ({error.reason}); reconnecting[/]")
+
+        try:
+            for event in client.events(job_id, reconnects=RECONNECTS, on_drop=dropped):
+                status = watching.show(event.name, event.data) or status
+        except ServiceUnreachableError:
+            status = None
     typer.echo(f"job {job_id} {status or 'still running: the stream kept dropping'}")
     if status != "succeeded":
         raise typer.Exit(1)
@@ -246,11 +208,8 @@ def predict(
     missing = [str(path) for path in images if not path.is_file()]
     if missing:
         raise typer.BadParameter(f"no such file: {', '.join(missing)}", param_hint="IMAGE")
-    files = [("files", (path.name, path.read_bytes())) for path in images]
-    with _client(url, key) as client:
-        answer = _checked(
-            client.post("/predict", params={"model": model, "top_k": top_k}, files=files)
-        )
+    with connect(url, key) as client:
+        answer = client.predict(list(images), model, top_k=top_k)
     served = answer["model"]
     version = f"/{served['version']}" if served["version"] is not None else ""
     console = Console(width=None if Console().is_terminal else 160)
@@ -265,7 +224,7 @@ def predict(
         raise typer.Exit(1)
 
 
-def _prediction_table(result: dict[str, Any]) -> Table | str:
+def _prediction_table(result: ImagePrediction) -> Table | str:
     """One image's top classes as a table, or its error."""
     if result["error"]:
         return f"[red]{result['file']}: {result['error']['message']}[/]"

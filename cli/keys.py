@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from client import Client, ClientError
 from core import keys
 from core.db.session import session_scope
 from core.errors import InvalidError
@@ -41,10 +41,10 @@ def auth_off(settings: Settings) -> str | None:
     """Why keys should not be made now: auth is off here, or at the service (RESNET_URL)."""
     if not settings.auth_enabled:
         return "AUTH_ENABLED is false, so no key would be asked for"
-    url = f"{settings.client_url.rstrip('/')}/api/v1/session"
     try:
-        answer = httpx.get(url, timeout=SESSION_PROBE_S).json()
-    except (httpx.HTTPError, ValueError):
+        with Client(settings.client_url, settings.client_key, timeout=SESSION_PROBE_S) as client:
+            answer = client.session()
+    except (ClientError, ValueError):
         return None  # no service there (or not this one): nothing says auth is off
     if isinstance(answer, dict) and answer.get("auth_enabled") is False:
         return f"the service at {settings.client_url} runs with auth off (RESNET_URL)"

@@ -13,12 +13,11 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import httpx
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -34,9 +33,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from cli import figures
-from cli.client import RECONNECTS, Key, Url, _checked, _client
+from cli.client import Key, Url, connect
 from cli.formatting import pairs, percent
 from cli.train_options import DatasetFields
+from client import Client, ServiceUnreachableError
+from client.api import RECONNECTS
+from client.models import Study as StudyOut
 from core.db import schema
 from core.db.session import get_engine, session_scope
 from core.db.tables import Job, Study
@@ -137,8 +139,8 @@ def run(
         return
     if out or device or data_root:
         raise typer.BadParameter("only with --local", param_hint="--out, --device, --data-root")
-    with _client(url, key) as client:
-        study = _checked(client.post("/studies", json=body))
+    with connect(url, key) as client:
+        study = client.submit_study(**body)
         typer.echo(study["id"])
         typer.echo(f"{study['counts']['total']} jobs: {len(study['cells'])} cells x {seeds} seeds")
         if follow:
@@ -154,15 +156,12 @@ def show(
     key: Key = None,
 ) -> None:
     """A study's results: per cell, errors over seeds beside the papers' number."""
-    with _client(url, key) as client:
+    with connect(url, key) as client:
         study = _watch(client, study_id, interval) if follow else None
         if markdown:
-            response = client.get(f"/studies/{study_id}/results.md")
-            if not response.is_success:
-                _checked(response)
-            typer.echo(response.text, nl=False)
+            typer.echo(client.study_results_markdown(study_id), nl=False)
         else:
-            _show(study or _checked(client.get(f"/studies/{study_id}")))
+            _show(study or client.study(study_id))
     if study is not None and study["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -238,7 +237,7 @@ def _json_or_text(raw: str) -> Any:
         return raw
 
 
-def _watch(client: httpx.Client, study_id: str, interval: float) -> dict[str, Any]:
+def _watch(client: Client, study_id: str, interval: float) -> StudyOut:
     """Poll the study until every job ended, with a bar of jobs done; its last state."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     try:
@@ -259,24 +258,22 @@ def _watch(client: httpx.Client, study_id: str, interval: float) -> dict[str, An
         raise typer.Exit(130) from None
 
 
-def _fetch(
-    client: httpx.Client, study_id: str, progress: Progress, interval: float
-) -> dict[str, Any]:
+def _fetch(client: Client, study_id: str, progress: Progress, interval: float) -> StudyOut:
     """The study as the service has it; an unreachable service is tried again a few times."""
     failures = 0
     while True:
         try:
-            return dict(_checked(client.get(f"/studies/{study_id}")))
-        except httpx.TransportError as error:
+            return client.study(study_id)
+        except ServiceUnreachableError as error:
             failures += 1
             if failures > RECONNECTS:
-                typer.echo(f"error: the service is unreachable: {error}", err=True)
+                typer.echo(f"error: {error}", err=True)
                 raise typer.Exit(1) from error
-            progress.console.print(f"[yellow]service unreachable ({error}); retrying[/]")
+            progress.console.print(f"[yellow]service unreachable ({error.reason}); retrying[/]")
             time.sleep(interval)
 
 
-def _show(study: dict[str, Any], *, exit_unless_succeeded: bool = False) -> None:
+def _show(study: StudyOut, *, exit_unless_succeeded: bool = False) -> None:
     """Print a study's results table, its source and note."""
     counts = study["counts"]
     title = f"{study['name'] or 'study'} {study['id'][:8]}: {study['state']}, "
@@ -287,7 +284,9 @@ def _show(study: dict[str, Any], *, exit_unless_succeeded: bool = False) -> None
         raise typer.Exit(1)
 
 
-def _results_table(title: str, axes: list[str], cells: list[dict[str, Any]], metric: str) -> Table:
+def _results_table(
+    title: str, axes: list[str], cells: Sequence[Mapping[str, Any]], metric: str
+) -> Table:
     """Per cell: its axis values, seeds done, errors in % as median (min-max) over seeds,
     and where the papers give one, their number (of `metric`) and our median's difference."""
     papers = any(cell["paper"] is not None for cell in cells)

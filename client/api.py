@@ -1,0 +1,544 @@
+"""`Client`: the service's /api/v1 over HTTP (httpx), with typed answers and errors.
+
+    with Client("http://127.0.0.1:8000", key="rs_...") as service:
+        job = service.submit({"kind": "train", "model": {"name": "resnet20"}, ...})
+        finished = service.wait(job["id"], timeout=600)
+
+Without `url` / `key` the client takes the command line's: RESNET_URL (default
+http://127.0.0.1:8000) and RESNET_KEY.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
+
+import httpx
+from pydantic import BaseModel
+
+from client.errors import ServiceUnreachableError, raise_for
+from client.models import (
+    Alias,
+    CellResult,
+    Checkpoint,
+    Event,
+    Health,
+    Job,
+    JobItem,
+    JobPage,
+    Kind,
+    MetricPoint,
+    Point,
+    Prediction,
+    Preset,
+    Ready,
+    RegisteredModel,
+    RegistryPage,
+    Retried,
+    Session,
+    Study,
+    StudyItem,
+    StudyPreview,
+    Version,
+)
+from client.stream import parse_sse
+
+if TYPE_CHECKING:
+    import pandas
+
+API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
+DEFAULT_TIMEOUT_S = 30.0
+RECONNECTS = 5  # a dropped event stream is resumed this many times in a row (Last-Event-ID)
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a job's, once it is over
+STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job ended
+Image = str | Path | bytes | tuple[str, bytes]  # a file, raw bytes, or (file name, bytes)
+Spec = Mapping[str, Any] | BaseModel  # a job spec as JSON, or core.kinds' TrainJobSpec, ...
+
+
+class Client:
+    """The service at `url` with the API key `key`; a context manager that closes itself."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if url is None or key is None:
+            from core.settings import get_settings  # the one place RESNET_* are read
+
+            settings = get_settings()
+            url, key = url or settings.client_url, key or settings.client_key
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def submit(self, spec: Spec, *, idempotency_key: str | None = None) -> Job:
+        """Submit a job (train, evaluate: the spec's `kind`); the queued job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return cast(Job, self._json("POST", "/jobs", json=_spec(spec), headers=headers))
+
+    def job(self, job_id: str) -> Job:
+        """A job: status, progress, results, spec."""
+        return cast(Job, self._json("GET", f"/jobs/{job_id}"))
+
+    def jobs_page(
+        self,
+        *,
+        status: Sequence[str] = (),
+        kind: str | None = None,
+        model: str | None = None,
+        family: str | None = None,
+        dataset: str | None = None,
+        tag: str | None = None,
+        q: str | None = None,
+        study: str | None = None,
+        sort: str = "-created",
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """One page of jobs; pass its `next_cursor` as `cursor` for the next."""
+        filters = {"kind": kind, "model": model, "family": family, "dataset": dataset}
+        filters |= {"tag": tag, "q": q, "study": study, "cursor": cursor}
+        params: dict[str, Any] = {name: value for name, value in filters.items() if value}
+        params |= {"status": list(status), "sort": sort, "limit": limit}
+        return cast(JobPage, self._json("GET", "/jobs", params=params))
+
+    def jobs(
+        self,
+        *,
+        status: Sequence[str] = (),
+        kind: str | None = None,
+        model: str | None = None,
+        family: str | None = None,
+        dataset: str | None = None,
+        tag: str | None = None,
+        q: str | None = None,
+        study: str | None = None,
+        sort: str = "-created",
+        page_size: int = 50,
+    ) -> Iterator[JobItem]:
+        """Every job that passes the filters, page after page as the iterator goes."""
+        cursor: str | None = None
+        while True:
+            page = self.jobs_page(
+                status=status,
+                kind=kind,
+                model=model,
+                family=family,
+                dataset=dataset,
+                tag=tag,
+                q=q,
+                study=study,
+                sort=sort,
+                limit=page_size,
+                cursor=cursor,
+            )
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def kinds(self) -> list[Kind]:
+        """The job kinds the service takes."""
+        return cast(list[Kind], self._json("GET", "/jobs/kinds"))
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job: a queued one now, a running one within seconds."""
+        return cast(Job, self._json("POST", f"/jobs/{job_id}/cancel"))
+
+    def retry(self, job_id: str) -> Retried:
+        """Queue a failed or cancelled job again (it resumes from its last checkpoint)."""
+        return cast(Retried, self._json("POST", f"/jobs/{job_id}/retry"))
+
+    def delete(self, job_id: str) -> None:
+        """Delete a job that is not running, its rows and its files."""
+        self._send("DELETE", f"/jobs/{job_id}")
+
+    def wait(self, job_id: str, timeout: float | None = None, *, interval: float = 1.0) -> Job:
+        """Poll the job every `interval` s until it is over; TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["status"] in FINAL_STATUSES:
+                return job
+            _pause(deadline, interval, f"job {job_id} is still {job['status']}")
+
+    def events(
+        self,
+        job_id: str,
+        *,
+        since_step: int | None = None,
+        reconnects: int = RECONNECTS,
+        on_drop: Callable[[ServiceUnreachableError], None] | None = None,
+    ) -> Iterator[Event]:
+        """A job's live events (`log`, `metrics`, `progress`, `status`) until `end`.
+
+        A stream that drops (or reaches its maximum life) is opened again after its last
+        log line (Last-Event-ID) and metric step; `on_drop` hears of each drop. After
+        `reconnects` tries in a row with nothing new: ServiceUnreachableError."""
+        resume = _Resume(since_step=since_step)
+        failures = 0
+        while True:
+            fresh = False
+            try:
+                for event in self._stream_once(job_id, resume):
+                    fresh = True
+                    yield event
+                    if event.name == "end":
+                        return
+            except ServiceUnreachableError as error:
+                if on_drop is not None:
+                    on_drop(error)
+            failures = 0 if fresh else failures + 1
+            if failures > reconnects:
+                raise ServiceUnreachableError(self.url, f"the events of job {job_id} kept dropping")
+
+    def stream_metrics(
+        self, job_id: str, *, since_step: int | None = None, reconnects: int = RECONNECTS
+    ) -> Iterator[MetricPoint]:
+        """A job's metric points as they are written, until it ends (from `since_step`;
+        default: only new ones)."""
+        for event in self.events(job_id, since_step=since_step, reconnects=reconnects):
+            if event.name == "metrics":
+                yield from _points(event.data)
+
+    def metrics(
+        self, job_id: str, names: Sequence[str] = (), *, max_points: int = 1000
+    ) -> dict[str, list[Point]]:
+        """A job's curves by metric name (all, or `names`), each at most `max_points` long."""
+        params: dict[str, Any] = {"max_points": max_points}
+        if names:
+            params["names"] = ",".join(names)
+        answer = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
+        return {
+            name: [Point(step, value) for step, value in zip(s["steps"], s["values"], strict=True)]
+            for name, s in answer["series"].items()
+        }
+
+    def metrics_frame(
+        self, job_id: str, names: Sequence[str] = (), *, max_points: int = 1000
+    ) -> pandas.DataFrame:
+        """A job's curves as a pandas DataFrame: one column per metric, indexed by step."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError(
+                "metrics_frame needs pandas: pip install 'resnet-service[pandas]'"
+            ) from error
+        curves = self.metrics(job_id, names, max_points=max_points)
+        columns = {
+            name: pandas.Series([p.value for p in points], index=[p.step for p in points])
+            for name, points in sorted(curves.items())
+        }
+        frame = pandas.DataFrame(columns) if columns else pandas.DataFrame()
+        frame.index.name = "step"
+        return frame
+
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        """The checkpoints a job keeps, by step."""
+        return cast(list[Checkpoint], self._json("GET", f"/jobs/{job_id}/checkpoints"))
+
+    # -- studies ---------------------------------------------------------------------
+
+    def submit_study(
+        self,
+        preset: str | None = None,
+        *,
+        dataset: str | Mapping[str, Any] | None = None,
+        scale: Literal["quick", "paper"] = "quick",
+        base: Mapping[str, Any] | None = None,
+        grid: Mapping[str, Sequence[Any]] | None = None,
+        seeds: int | Sequence[int] = 1,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        max_parallel: int = 2,
+        idempotency_key: str | None = None,
+    ) -> Study:
+        """Submit a study: a `preset` on a `dataset`, or a `base` train spec with a `grid`."""
+        body = _study_body(preset, dataset, scale, base, grid, seeds, name, tags, max_parallel)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return cast(Study, self._json("POST", "/studies", json=body, headers=headers))
+
+    def preview_study(
+        self,
+        preset: str | None = None,
+        *,
+        dataset: str | Mapping[str, Any] | None = None,
+        scale: Literal["quick", "paper"] = "quick",
+        base: Mapping[str, Any] | None = None,
+        grid: Mapping[str, Sequence[Any]] | None = None,
+        seeds: int | Sequence[int] = 1,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+    ) -> StudyPreview:
+        """What `submit_study` would make (a dry run, nothing written): cells, job count."""
+        body = _study_body(preset, dataset, scale, base, grid, seeds, name, tags, 1)
+        params = {"dry_run": "true"}
+        return cast(StudyPreview, self._json("POST", "/studies", json=body, params=params))
+
+    def study(self, study_id: str) -> Study:
+        """A study: state, counts, results per cell, jobs."""
+        return cast(Study, self._json("GET", f"/studies/{study_id}"))
+
+    def studies(self, *, limit: int = 50) -> list[StudyItem]:
+        """The newest studies."""
+        return cast(list[StudyItem], self._json("GET", "/studies", params={"limit": limit}))
+
+    def presets(self) -> list[Preset]:
+        """The papers' experiments that `submit_study(preset)` repeats."""
+        return cast(list[Preset], self._json("GET", "/studies/presets"))
+
+    def study_results(self, study_id: str) -> list[CellResult]:
+        """A study's results table: per cell, errors over seeds beside the papers' number."""
+        return self.study(study_id)["cells"]
+
+    def study_results_csv(self, study_id: str) -> str:
+        """A study's results table as CSV text."""
+        return self._send("GET", f"/studies/{study_id}/results.csv").text
+
+    def study_results_markdown(self, study_id: str) -> str:
+        """A study's results table as Markdown, errors in % the way the papers print them."""
+        return self._send("GET", f"/studies/{study_id}/results.md").text
+
+    def cancel_study(self, study_id: str) -> Study:
+        """Cancel every unfinished job of a study."""
+        return cast(Study, self._json("POST", f"/studies/{study_id}/cancel"))
+
+    def delete_study(self, study_id: str) -> None:
+        """Delete a study none of whose jobs runs, its jobs and their files."""
+        self._send("DELETE", f"/studies/{study_id}")
+
+    def wait_study(
+        self, study_id: str, timeout: float | None = None, *, interval: float = 2.0
+    ) -> Study:
+        """Poll the study until every job ended; TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            study = self.study(study_id)
+            if study["state"] in STUDY_ENDED:
+                return study
+            _pause(deadline, interval, f"study {study_id} is still {study['state']}")
+
+    # -- registry --------------------------------------------------------------------
+
+    def register(self, name: str, job_id: str, *, checkpoint: str = "best") -> Version:
+        """Register a succeeded train job's `best` or `last` checkpoint as `name`'s next
+        version (the model is made on first use)."""
+        body = {"job": str(job_id), "checkpoint": checkpoint}
+        return cast(Version, self._json("POST", f"/registry/{name}/versions", json=body))
+
+    def registered(self, name: str) -> RegisteredModel:
+        """A registered model with its versions and aliases."""
+        return cast(RegisteredModel, self._json("GET", f"/registry/{name}"))
+
+    def registry(self, *, q: str | None = None, page_size: int = 50) -> Iterator[RegisteredModel]:
+        """Every registered model (whose name contains `q`), in name order."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            params |= {name: value for name, value in (("q", q), ("cursor", cursor)) if value}
+            page = cast(RegistryPage, self._json("GET", "/registry", params=params))
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def set_alias(self, name: str, alias: str, version: int) -> Alias:
+        """Point `name@alias` at a version (made or moved)."""
+        body = {"version": version}
+        return cast(Alias, self._json("PUT", f"/registry/{name}/aliases/{alias}", json=body))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        """Remove an alias."""
+        self._send("DELETE", f"/registry/{name}/aliases/{alias}")
+
+    def delete_version(self, name: str, version: int) -> None:
+        """Remove a version that no alias points to."""
+        self._send("DELETE", f"/registry/{name}/versions/{version}")
+
+    # -- predict, health -------------------------------------------------------------
+
+    def predict(self, images: Sequence[Image] | Image, model: str, *, top_k: int = 5) -> Prediction:
+        """The top-k classes of each image by `model`: a job id, `name`, `name/3` or
+        `name@alias`. Images are paths, bytes, or (file name, bytes)."""
+        many = images if isinstance(images, list | tuple) and not _named(images) else [images]
+        files = [("files", _file(image, n)) for n, image in enumerate(cast(list[Image], many))]
+        params = {"model": model, "top_k": top_k}
+        return cast(Prediction, self._json("POST", "/predict", params=params, files=files))
+
+    def health(self) -> Health:
+        """Whether the process is up."""
+        return cast(Health, self._json("GET", "/healthz"))
+
+    def ready(self) -> Ready:
+        """Whether the database and broker answer (`status` "ok" or "unavailable")."""
+        response = self._request("GET", "/readyz")
+        if response.status_code != 503:  # a 503 here is the answer, not an error
+            raise_for(response)
+        return cast(Ready, response.json())
+
+    def session(self) -> Session:
+        """Whether the service asks for keys, and the scopes of this client's key."""
+        return cast(Session, self._json("GET", "/session"))
+
+    # -- transport -------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer to a request; an error answer raised as its ApiError."""
+        response = self._request(method, path, **kwargs)
+        raise_for(response)
+        return response
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        with self._unreachable():
+            return self._http.request(method, path, **kwargs)
+
+    @contextmanager
+    def _unreachable(self) -> Iterator[None]:
+        """Network failures as ServiceUnreachableError."""
+        try:
+            yield
+        except httpx.TransportError as error:
+            reason = str(error) or type(error).__name__
+            raise ServiceUnreachableError(self.url, reason) from error
+
+    def _stream_once(self, job_id: str, resume: _Resume) -> Iterator[Event]:
+        """The events of one connection to a job's stream, noting where to resume."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        with (
+            self._unreachable(),
+            self._http.stream(
+                "GET",
+                f"/jobs/{job_id}/events",
+                headers=resume.headers(),
+                params=resume.params(),
+                timeout=timeout,
+            ) as response,
+        ):
+            if not response.is_success:
+                response.read()
+                raise_for(response)
+            for event in parse_sse(response.iter_lines()):
+                resume.saw(event)
+                yield event
+
+
+class _Resume:
+    """Where a job's event stream goes on after a drop: its last log line and metric step."""
+
+    def __init__(self, *, since_step: int | None) -> None:
+        self.last_event_id: str | None = None
+        self.since_step = since_step
+
+    def saw(self, event: Event) -> None:
+        self.last_event_id = event.id or self.last_event_id
+        if event.name == "metrics":
+            steps = [step for s in event.data["series"].values() for step in s["steps"]]
+            if steps:
+                self.since_step = max(steps) + 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
+
+    def params(self) -> dict[str, int]:
+        return {} if self.since_step is None else {"since_step": self.since_step}
+
+
+def _spec(spec: Spec) -> Any:
+    """A job spec as JSON."""
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json")
+    return dict(spec)
+
+
+def _study_body(
+    preset: str | None,
+    dataset: str | Mapping[str, Any] | None,
+    scale: str,
+    base: Mapping[str, Any] | None,
+    grid: Mapping[str, Sequence[Any]] | None,
+    seeds: int | Sequence[int],
+    name: str | None,
+    tags: Sequence[str],
+    max_parallel: int,
+) -> dict[str, Any]:
+    """A study as `POST /studies` takes it."""
+    body: dict[str, Any] = {
+        "seeds": seeds if isinstance(seeds, int) else list(seeds),
+        "name": name,
+        "tags": list(tags),
+        "max_parallel": max_parallel,
+    }
+    if isinstance(dataset, str):
+        dataset = {"name": dataset}
+    if preset is not None:
+        return {"preset": preset, "dataset": dataset, "scale": scale, **body}
+    spec = dict(base or {})
+    if dataset is not None:
+        spec["dataset"] = dict(dataset)
+    grid_lists = {axis: list(values) for axis, values in (grid or {}).items()}
+    return {"base": spec, "grid": grid_lists, **body}
+
+
+def _points(data: Mapping[str, Any]) -> Iterator[MetricPoint]:
+    """The points of a `metrics` event, series by series."""
+    for name, series in data["series"].items():
+        for step, value in zip(series["steps"], series["values"], strict=True):
+            yield MetricPoint(name, step, value)
+
+
+def _named(images: Sequence[Image] | Image) -> bool:
+    """Whether `images` is one (file name, bytes) pair rather than a list of images."""
+    return (
+        isinstance(images, tuple)
+        and len(images) == 2
+        and isinstance(images[0], str)
+        and isinstance(images[1], bytes)
+    )
+
+
+def _file(image: Image, index: int) -> tuple[str, bytes]:
+    """A multipart file: its name and bytes."""
+    if isinstance(image, bytes):
+        return f"image-{index}", image
+    if isinstance(image, tuple):
+        return image
+    path = Path(image)
+    return path.name, path.read_bytes()
+
+
+def _pause(deadline: float | None, interval: float, waiting: str) -> None:
+    """Sleep `interval` s (less when the deadline is nearer); TimeoutError once it passed."""
+    left = interval if deadline is None else deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"{waiting} at the deadline")
+    time.sleep(min(interval, left))
