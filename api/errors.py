@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from api.schemas import ErrorDetail, ErrorOut
 from core.db.session import UNAVAILABLE
 from core.errors import ConflictError, DomainError, InvalidError, NotFoundError, NotOwnedError
+from core.storage import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,17 @@ class OverloadedError(ApiError):
 
     status = 503
     headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
+
+
+STORE_RETRY_AFTER_S = 5  # an object store's restart or a network blip
+STORE_UNAVAILABLE = f"the artifact store is unavailable; try again in {STORE_RETRY_AFTER_S} s"
+
+
+class StoreDownError(ApiError):
+    """The object store cannot be reached now; the client should retry later."""
+
+    status = 503
+    headers: ClassVar[dict[str, str]] = {"Retry-After": str(STORE_RETRY_AFTER_S)}
 
 
 DATABASE_RETRY_AFTER_S = 2  # a database restart or failover usually takes seconds
@@ -208,6 +220,12 @@ def _child(node: Any, part: str | int) -> Any:
     return None
 
 
+async def _store_unavailable(request: Request, error: Exception) -> JSONResponse:
+    log.warning("%s %s: artifact store unavailable: %s", request.method, request.url.path, error)
+    headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+    return _render(503, "unavailable", STORE_UNAVAILABLE, [], headers)
+
+
 def install(app: FastAPI) -> None:
     """Render every error of `app` in the shared shape."""
     app.add_exception_handler(ApiError, _api_error)
@@ -216,4 +234,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, _database_unavailable)
+    app.add_exception_handler(StoreUnavailableError, _store_unavailable)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -6,12 +6,18 @@ the unpacked bytes its quota (`UPLOAD_QUOTA_BYTES`) counts. Unpacking is bounded
 archive (`UPLOAD_MAX_UNPACKED_BYTES`, `UPLOAD_MAX_RATIO`) and by the room the owner has
 left. An upload a queued or running job reads cannot be deleted; its files go with its
 last row.
+
+With an object store (`ARTIFACT_STORE=s3`) the archive itself is kept in the bucket too,
+as `uploads/<sha256>/archive.zip` (or `.tar`), its sha256 the upload's id: a worker that
+lacks `DATA_DIR/uploads/<sha256>/` fetches, verifies and unpacks it before the job reads
+it (`materialize`). Deleting the upload deletes its objects.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,12 +25,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
+from core.artifacts import uses_bucket
 from core.db.session import take_turns
 from core.db.tables import Job
 from core.db.tables import Upload as Row
 from core.errors import ConflictError, InvalidError, NotFoundError
 from core.owners import Caller, check_owner
 from core.settings import Settings
+from core.storage import ObjectMissingError, store_for
 from training.datasets.archives import Limits, sha256_of, unpack_archive
 
 FOLDER = "uploads"  # under DATA_DIR
@@ -76,6 +84,8 @@ def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UU
         raise InvalidError(
             "the archive holds no images (expected class/image files)", field=("body", "file")
         )
+    if uses_bucket(settings):  # before the row: no row names an archive the store lacks
+        store_for(settings).put(archive_key(archive, upload_id), archive, upload_id)
     row = kept or Row(sha256=upload_id, owner_key_id=owner)
     row.files, row.bytes = len(files), sum(path.stat().st_size for path in files)
     session.add(row)
@@ -132,3 +142,55 @@ def delete(*, session: Session, settings: Settings, caller: Caller, upload_id: s
         session.delete(row)
     session.flush()
     return tree if len(mine) == len(rows) else None
+
+
+def prefix_of(upload_id: str) -> str:
+    """The object key prefix of an upload's objects."""
+    return f"{FOLDER}/{upload_id}/"
+
+
+def archive_key(archive: Path, upload_id: str) -> str:
+    """The object key of an upload's archive (a zip, or a tar of any compression)."""
+    return prefix_of(upload_id) + (
+        "archive.zip" if archive.name.lower().endswith(".zip") else "archive.tar"
+    )
+
+
+def delete_objects(settings: Settings, upload_id: str) -> int:
+    """Delete an upload's objects from the object store (none with the local store)."""
+    if not uses_bucket(settings):
+        return 0
+    return store_for(settings).delete_prefix(prefix_of(upload_id))
+
+
+def upload_of(dataset: object) -> str | None:
+    """The upload id a job's dataset spec names (`path: uploads/<sha256>...`), if any."""
+    path = dataset.get("path") if isinstance(dataset, dict) else None
+    parts = path.split("/") if isinstance(path, str) else []
+    if len(parts) >= 2 and parts[0] == FOLDER and _ID.fullmatch(parts[1]):
+        return parts[1]
+    return None
+
+
+def materialize(settings: Settings, dataset: object) -> Path | None:
+    """Unpack the upload a job's dataset names into `DATA_DIR/uploads/`, fetched from the
+    object store (and verified by its sha256), unless this machine has it already."""
+    upload_id = upload_of(dataset)
+    if upload_id is None or not uses_bucket(settings):
+        return None
+    tree = folder(settings) / upload_id
+    if tree.is_dir():
+        return tree
+    store = store_for(settings)
+    keys = store.keys(prefix_of(upload_id))
+    if not keys:
+        raise ObjectMissingError(f"upload {upload_id} is missing from the object store")
+    fetched = store.fetch(keys[0], upload_id)
+    folder(settings).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder(settings)) as scratch:
+        named = Path(scratch) / keys[0].rsplit("/", 1)[1]  # unpacking reads the suffix
+        named.symlink_to(fetched)
+        limits = Limits(
+            max_bytes=settings.upload_max_unpacked_bytes, max_ratio=settings.upload_max_ratio
+        )
+        return unpack_archive(named, folder(settings), limits=limits)

@@ -15,17 +15,24 @@ import uuid
 
 import torch
 
-from core import jobs, kinds
+from core import artifacts, jobs, kinds, uploads
 from core.db.session import UNAVAILABLE, session_scope
 from core.db.tables import Job
 from core.queue import enqueue_committed
 from core.settings import Settings
+from core.storage import StoreUnavailableError, store_for
 from core.studies import service as studies
 from training.checkpoints import FencedOutError
 from worker import outcomes, resume
 from worker.limits import time_limits
 from worker.outcomes import Outcome
-from worker.sink import DatabaseSink, DatabaseUnavailableError, while_leased
+from worker.sink import (
+    DatabaseSink,
+    DatabaseUnavailableError,
+    StoreOutageError,
+    while_leased,
+    while_store_reachable,
+)
 from worker.watchdog import Watchdog
 
 HANDED_BACK = "queued"  # the status of a job handed back; its outcome is written elsewhere
@@ -55,7 +62,8 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         log.info("job %s: not claimable (running elsewhere, or ended); skipped", job_id)
         return
     watchdog = Watchdog(settings=settings, claim=claim)
-    sink = DatabaseSink(url=settings.database_url, claim=claim, watchdog=watchdog)
+    store = store_for(settings) if artifacts.uses_bucket(settings) else None
+    sink = DatabaseSink(url=settings.database_url, claim=claim, watchdog=watchdog, store=store)
     watchdog.start()
     try:
         outcome = run_claimed(claim, settings=settings, sink=sink, device=device)
@@ -67,6 +75,9 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         # An outage is nobody's fault: the job goes back to the queue, never fails for it.
         log.warning("job %s: the database is unreachable: %s", job_id, error)
         outcome = Outcome(HANDED_BACK, error="the database was unreachable")
+    except (StoreOutageError, StoreUnavailableError) as error:
+        log.warning("job %s: the object store is unreachable: %s", job_id, error)
+        outcome = Outcome(HANDED_BACK, error="the object store was unreachable")
     except Exception as error:
         outcome = outcomes.failure(error)
         _flush_quietly(sink)
@@ -89,6 +100,8 @@ def run_claimed(
         kind, spec_json = kinds.get(job.kind), job.spec
     resume.prepare(settings, claim.job_id, sink)
     watchdog = sink.watchdog
+    # An uploaded dataset lives in the object store until this machine unpacks it.
+    while_store_reachable(watchdog, lambda: uploads.materialize(settings, spec_json.get("dataset")))
 
     def set_budget(steps: int, macs_per_step: float) -> None:
         watchdog.limits = time_limits(steps, macs_per_step, device, settings.max_job_seconds)

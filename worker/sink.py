@@ -5,6 +5,12 @@ lease writes nothing more; its checkpoint files are fenced the same way
 (`training.checkpoints.Fence`). Metric points are buffered and written in batches. While the
 database is unreachable a write is retried with backoff for as long as the lease lasts; then
 `DatabaseUnavailableError` stops the job, which is handed back rather than failed.
+
+With an object store (`ARTIFACT_STORE=s3`) each checkpoint, once written and hashed on the
+worker's disk, is put to the store under `jobs/<job id>/checkpoints/<file>` before its row
+names it; the objects of pruned checkpoints are deleted after their rows. A store that
+cannot be reached is retried with backoff for a lease; then `StoreOutageError` stops the
+job, which is handed back too.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
-from core import jobs
+from core import artifacts, jobs
 from core.db.session import UNAVAILABLE, session_scope
+from core.storage import Store, StoreError, StoreUnavailableError
 from training import checkpoints
 from training.checkpoints import CheckpointInfo, Fence
 from worker.watchdog import Watchdog
@@ -35,6 +43,33 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff of a write while the database i
 
 class DatabaseUnavailableError(RuntimeError):
     """The database stayed unreachable for as long as the job's lease allowed."""
+
+
+class StoreOutageError(RuntimeError):
+    """The object store stayed unreachable for a whole lease."""
+
+
+def while_store_reachable(watchdog: Watchdog, action: Callable[[], T]) -> T:
+    """Run `action`, retried with backoff while the object store is unreachable, for at most
+    a lease from the first failure (the heartbeat keeps the lease meanwhile; the job is then
+    handed back, to run again later, perhaps elsewhere)."""
+    deadline = time.monotonic() + watchdog.lease_seconds
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            return action()
+        except StoreUnavailableError as error:
+            if watchdog.lost.is_set():
+                raise jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease") from error
+            if time.monotonic() + delay > deadline or watchdog.handing_back:
+                raise StoreOutageError(
+                    f"the object store stayed unreachable for {watchdog.lease_seconds} s: {error}"
+                ) from error
+            log.warning(
+                "job %s: object store unreachable; retry in %.1f s", watchdog.claim.job_id, delay
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
 
 
 def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) -> T:
@@ -60,8 +95,11 @@ def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) ->
 class DatabaseSink:
     """An `EventSink` writing metrics (in batches), events and checkpoints, all fenced."""
 
-    def __init__(self, *, url: str, claim: jobs.Claim, watchdog: Watchdog) -> None:
+    def __init__(
+        self, *, url: str, claim: jobs.Claim, watchdog: Watchdog, store: Store | None = None
+    ) -> None:
         self.url, self.claim, self.watchdog = url, claim, watchdog
+        self.store = store  # the object store checkpoints go to; None: the local folder is it
         self.pending: list[jobs.Point] = []
         self.flushed_at = time.monotonic()
         self.non_finite: set[str] = set()
@@ -113,6 +151,8 @@ class DatabaseSink:
     def on_checkpoint(self, info: CheckpointInfo) -> None:
         self._check_lease()
         self.flush()
+        if self.store is not None:
+            self._put(info)
         previous = self.best
         if info.is_best:
             self.best = info
@@ -144,8 +184,21 @@ class DatabaseSink:
             )
         )
 
+    def _put(self, info: CheckpointInfo) -> None:
+        """Put the checkpoint's file to the object store (retried while it is unreachable)."""
+        store, key = self.store, self.key_of(info.path)
+        assert store is not None
+        while_store_reachable(self.watchdog, lambda: store.put(key, info.path, info.sha256))
+
+    def key_of(self, path: Path) -> str:
+        """The object key of one of the job's checkpoint files."""
+        return artifacts.checkpoint_key(self.claim.job_id, path.name)
+
     def _record(self, info: CheckpointInfo) -> None:
-        path, kept = recorded_path(info)
+        if self.store is None:
+            path, kept = recorded_path(info)
+        else:
+            path, kept = self._recorded_key(info)
         self._write(
             lambda session: jobs.record_checkpoint(
                 session=session,
@@ -160,16 +213,46 @@ class DatabaseSink:
                 kept=kept,
             )
         )
+        if self.store is not None:
+            self._delete_pruned({str(path), *kept})
+
+    def _recorded_key(self, info: CheckpointInfo) -> tuple[Path, list[str]]:
+        """The key a checkpoint's row names, and the keys whose rows stay: the step files
+        on this disk and the best's (whose object outlives the pruning of its file)."""
+        steps = [self.key_of(path) for path in info.path.parent.glob("step-*.pt")]
+        best = [self.key_of(self.best.path)] if self.best is not None else []
+        return Path(self.key_of(info.path)), [*steps, *best]
+
+    def _delete_pruned(self, kept: set[str]) -> None:
+        """Delete the job's checkpoint objects no row names (pruned, or put by an attempt
+        that died before recording them); one left behind goes with the job."""
+        store = self.store
+        assert store is not None
+        prefix = artifacts.checkpoint_key(self.claim.job_id, "")
+        try:
+            listed = while_store_reachable(self.watchdog, lambda: store.keys(prefix))
+        except (StoreError, StoreOutageError) as error:
+            log.warning(
+                "job %s: pruned checkpoints stay in the store: %s", self.claim.job_id, error
+            )
+            return
+        for key in sorted(set(listed) - kept):
+            try:
+                while_store_reachable(self.watchdog, partial(store.delete_prefix, key))
+            except (StoreError, StoreOutageError) as error:
+                log.warning(
+                    "job %s: pruned %s stays in the store: %s", self.claim.job_id, key, error
+                )
 
     def _check_lease(self) -> None:
         # Stop at once, writing nothing more: another delivery owns the job now.
         if self.watchdog.lost.is_set():
             raise jobs.LeaseLost(f"job {self.claim.job_id} lost its lease")
 
-    def _write(self, write: Callable[[Session], object]) -> None:
+    def _write(self, write: Callable[[Session], T]) -> T:
         """One fenced write, retried while the database is unreachable (`while_leased`)."""
         try:
-            while_leased(self.url, self.watchdog, write)
+            return while_leased(self.url, self.watchdog, write)
         except jobs.LeaseLost:
             self.watchdog.lost.set()
             raise

@@ -29,7 +29,7 @@ def list_datasets(settings: SettingsDep, _: ReadKey) -> list[DatasetOut]:
     "",
     status_code=status.HTTP_201_CREATED,
     summary="Upload an ImageFolder archive",
-    responses=responses(401, 403, 413, 422),
+    responses=responses(401, 403, 413, 422, 503),
 )
 def upload_dataset(
     file: UploadFile, session: SessionDep, settings: SettingsDep, caller: TrainCaller
@@ -70,7 +70,7 @@ def list_uploads(session: SessionDep, caller: ReadCaller) -> list[UploadItem]:
     "/uploads/{upload_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete an upload",
-    responses=responses(401, 403, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422, 503),
 )
 def delete_upload(
     upload_id: str, session: SessionDep, settings: SettingsDep, caller: TrainCaller
@@ -78,6 +78,8 @@ def delete_upload(
     """Remove the caller's upload (409 while a queued or running job reads it), freeing its
     quota; its files go when no other owner keeps the same archive."""
     tree = uploads.delete(session=session, settings=settings, caller=caller, upload_id=upload_id)
+    if tree is not None:  # before the rows commit: an unreachable store is a 503
+        uploads.delete_objects(settings, upload_id)
     session.commit()  # the rows go first: a failed commit leaves the files in place
     if tree is not None:
         shutil.rmtree(tree, ignore_errors=True)

@@ -176,7 +176,7 @@ def retry_job(
     "/{job_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a job, its rows and its artifacts",
-    responses=responses(401, 403, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422, 503),
 )
 def delete_job(
     job_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
@@ -185,7 +185,9 @@ def delete_job(
 
     Only the key that submitted it, or an admin key, may delete it (403)."""
     jobs.delete(session=session, job_id=job_id, caller=caller)
-    session.commit()  # the rows go first: a failed commit leaves the files in place
+    # Objects go before the rows commit: an unreachable store is a 503 that keeps both.
+    artifacts.delete_job_objects(settings, job_id)
+    session.commit()  # the rows go first: a failed commit leaves the local files in place
     artifacts.delete_job(settings, job_id)
 
 

@@ -28,10 +28,12 @@ from starlette.datastructures import FormData, UploadFile
 from api.deps import PredictKey, ReadKey
 from api.errors import (
     RETRY_AFTER_S,
+    STORE_UNAVAILABLE,
     ApiError,
     BadImageError,
     OverloadedError,
     ServerFaultError,
+    StoreDownError,
     TooLargeError,
     UnsupportedMediaError,
     responses,
@@ -56,6 +58,7 @@ from core.db.session import session_scope
 from core.errors import ConflictError, InvalidError
 from core.owners import Caller
 from core.settings import Settings
+from core.storage import StoreUnavailableError
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
 from training.predictor import (
@@ -185,7 +188,7 @@ async def _classify(
         if all(image is None for _, image in opened):
             # Refused from their headers, before any model is started for them.
             raise _all_failed([file for file, _ in opened])
-        served = await _load(cache, target)  # no suspension when it is running
+        served = await _load(settings, cache, target)  # no suspension when it is running
         images = await _fitted_all(served.info, opened)
     good = [image.array for image in images if image.array is not None]
     if not good:
@@ -196,7 +199,7 @@ async def _classify(
         try:
             probabilities = await served.predict(batch)
         except Closed:  # unloaded or stopped just now: start it again, once
-            served = await _load(cache, target)
+            served = await _load(settings, cache, target)
             probabilities = await served.predict(batch)
     except (Overloaded, Closed) as error:
         raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
@@ -259,10 +262,23 @@ def _resolve(settings: Settings, ref: str) -> model_registry.Resolved:
     return target
 
 
-async def _load(cache: ModelCache, target: model_registry.Resolved) -> Replicas:
-    """The model of a resolved checkpoint, started after its sha256 check on a miss."""
+async def _load(settings: Settings, cache: ModelCache, target: model_registry.Resolved) -> Replicas:
+    """The model of a resolved checkpoint, started after its sha256 check on a miss (an
+    object store's checkpoint fetched into the download cache first)."""
+    served = cache.peek(target.sha256)
+    if served is not None:  # a running model serves on while the store is down
+        return served
     try:
-        return await cache.get(Path(target.path), target.sha256)
+        path = Path(target.path)
+        if artifacts.is_key(target.path):
+            path = await run_in_threadpool(
+                artifacts.local_file, settings, target.path, target.sha256
+            )
+        return await cache.get(path, target.sha256)
+    except StoreUnavailableError as error:
+        raise StoreDownError(
+            f"{STORE_UNAVAILABLE} (model {target.ref!r} is not loaded yet)"
+        ) from error
     except CheckpointError as error:
         raise ConflictError(
             f"the checkpoint of {target.ref!r} cannot be served: {error}"

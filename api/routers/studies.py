@@ -241,7 +241,7 @@ def cancel_study(study_id: uuid.UUID, session: SessionDep, caller: TrainCaller) 
     "/{study_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Delete a study, its jobs and their artifacts",
-    responses=responses(401, 403, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422, 503),
 )
 def delete_study(
     study_id: uuid.UUID, session: SessionDep, settings: SettingsDep, caller: TrainCaller
@@ -250,6 +250,8 @@ def delete_study(
 
     Only the key that submitted it, or an admin key, may delete it (403)."""
     job_ids = service.delete(session=session, study_id=study_id, caller=caller)
+    for job_id in job_ids:  # before the rows commit: an unreachable store is a 503
+        artifacts.delete_job_objects(settings, job_id)
     session.commit()  # the rows go first: a failed commit leaves the files in place
     for job_id in job_ids:
         artifacts.delete_job(settings, job_id)

@@ -98,7 +98,7 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
     )
     started = time.perf_counter()
     result = evaluate_checkpoint(
-        Path(row.path),
+        artifacts.local_file(settings, row.path, row.sha256),  # fetched first from a bucket
         spec.dataset,
         data_root=settings.data_dir,
         device=context.device,
