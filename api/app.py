@@ -31,6 +31,7 @@ from api.routers import (
     predict,
     session,
     studies,
+    workers,
     zoo,
 )
 from api.schemas import API_PREFIX
@@ -84,6 +85,7 @@ def _api() -> APIRouter:
         zoo.router,
         datasets.router,
         keys.router,
+        workers.router,
         session.router,
         health.router,
     ):

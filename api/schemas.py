@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from core import uploads
+from core import resources, uploads, workers
 from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
 from core.kinds import KINDS
 
@@ -97,6 +97,12 @@ class JobItem(BaseModel):
     study: uuid.UUID | None = Field(None, description="The study the job is a cell of.")
     cell: int | None = Field(None, description="Its cell in the study's grid.")
     held: bool = Field(False, description="Queued but waiting for its study's turn.")
+    queue: str = Field(
+        resources.CPU_QUEUE, description="The queue of what it needs: train, gpu, gpu-N."
+    )
+    waiting_for: str | None = Field(
+        None, description="While queued: the worker it waits for, e.g. 'a worker with a GPU'."
+    )
     owner: uuid.UUID | None = Field(
         None, description="The API key that made it (its id); null: made with auth off."
     )
@@ -142,7 +148,11 @@ def _job_fields(job: Job) -> dict[str, Any]:
     )
     fields: dict[str, Any] = {column: getattr(job, column) for column in columns}
     results = {key: getattr(job, key) for key in JobResults.model_fields}
+    needs = resources.of_spec(job.spec)
+    waiting = job.status == "queued" and not job.held
     return fields | {
+        "queue": resources.queue_for(needs.gpus or 0),
+        "waiting_for": resources.describe(needs) if waiting else None,
         "model": job.model_name,
         "family": job.model_family,
         "dataset": job.dataset_name,
@@ -731,3 +741,37 @@ class StudyCurvesOut(BaseModel):
     center: Literal["median", "mean"]
     band: Literal["minmax", "std"]
     cells: list[CellCurve]
+
+
+class WorkerOut(BaseModel):
+    """A worker process group as registered, and whether its heartbeat is recent."""
+
+    name: str = Field(examples=["worker-gpu0@host"])
+    host: str
+    pid: int
+    devices: list[str] = Field(examples=[["cuda:0"]], description="cpu, or the GPUs it owns.")
+    queues: list[str] = Field(examples=[["train", "gpu"]], description="The queues it serves.")
+    state: Literal["alive", "lost"] = Field(
+        description="lost: no heartbeat for three leases (its jobs are re-enqueued)."
+    )
+    current_job: uuid.UUID | None
+    jobs_done: int = Field(description="Jobs that ended on it since it started.")
+    started_at: datetime
+    last_seen_at: datetime
+
+    @classmethod
+    def of(cls, seen: workers.Seen) -> WorkerOut:
+        """The view of a registered worker."""
+        row = seen.worker
+        return cls(
+            name=row.name,
+            host=row.host,
+            pid=row.pid,
+            devices=row.devices,
+            queues=row.queues,
+            state=seen.state,
+            current_job=row.current_job_id,
+            jobs_done=row.jobs_done,
+            started_at=row.started_at,
+            last_seen_at=row.last_seen_at,
+        )

@@ -10,6 +10,7 @@ import * as runs from "./runs.js";
 import * as studies from "./studies.js";
 import * as study from "./study.js";
 import { h, notice } from "./ui.js";
+import * as workers from "./workers.js";
 
 const ROUTES = [
   [/^#\/runs\/([0-9a-f-]{36})$/, detail, "runs"],
@@ -20,6 +21,7 @@ const ROUTES = [
   [/^#\/studies$/, studies, "studies"],
   [/^#\/models$/, models, "models"],
   [/^#\/predict$/, predict, "predict"],
+  [/^#\/workers$/, workers, "workers"],
   [/^(#\/runs)?$/, runs, "runs"],
 ];
 
