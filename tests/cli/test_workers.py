@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 import typer
+from sqlalchemy import select
 
 from cli import server
+from core.db.session import session_scope
+from core.db.tables import Worker
+from core.kinds import TrainJobSpec
+from tests.worker.support import make_settings, recipe, service_env, submit, wait_for, wait_status
 
 # A stand-in worker: says which signal ended it, as Celery's warm and cold shutdowns would.
 CHILD = """
@@ -90,3 +95,63 @@ def test_a_worker_that_fails_stops_the_others_warm(tmp_path: Path) -> None:
         for number, handler in previous.items():
             signal.signal(number, handler)
     assert (tmp_path / "w1").read_text() == "SIGTERM"
+
+
+@pytest.mark.slow
+def test_two_gpu_workers_register_run_a_cpu_job_and_stop_on_sigterm(
+    postgres_url: str,
+    redis_broker_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This machine has no GPU: the supervisor is told it sees two. Its real workers start
+    # (Celery needs no GPU until a job does) and a job that asks for the CPU runs on one.
+    settings = make_settings(postgres_url, redis_broker_url, tmp_path)
+    for key, value in service_env(settings, tmp_path / "artifacts").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(server, "visible_gpus", lambda: 2)
+    url, seen = settings.database_url, {}
+
+    def drive() -> None:
+        try:
+            seen["workers"] = wait_for(lambda: _alive(url, 2), 300, "two workers to register")
+            job_id = submit(settings, _cpu_job())
+            seen["job"] = wait_status(url, job_id, "succeeded", timeout=180)
+        finally:
+            signal.raise_signal(signal.SIGTERM)  # to the supervisor, as `docker compose stop`
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT)}
+    driver = threading.Thread(target=drive)
+    driver.start()
+    try:
+        assert server.supervise_workers("all", 1, "w@%h", "INFO") == 0
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        driver.join()
+    registered = {row.name.split("@")[0]: row for row in seen["workers"]}
+    assert sorted(registered) == ["w-gpu0", "w-gpu1"]
+    assert [registered["w-gpu1"].devices, registered["w-gpu1"].queues] == [
+        ["cuda:1"],
+        ["train", "gpu"],
+    ]
+    assert seen["job"].device == "cpu"
+    assert seen["job"].worker.split("@")[0] in registered
+    assert _alive(url, 0) == []  # both stopped warm and left the register
+
+
+def _alive(url: str, count: int) -> list[Worker] | None:
+    with session_scope(url) as session:
+        rows = list(session.scalars(select(Worker).order_by(Worker.name)))
+    return rows if len(rows) == count else None
+
+
+def _cpu_job() -> TrainJobSpec:
+    return TrainJobSpec.model_validate(
+        {
+            "model": {"name": "resnet8"},
+            "dataset": {"name": "digits", "validation": 0},
+            "recipe": recipe(1),
+            "resources": {"device": "cpu"},
+        }
+    )
