@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from uuid import UUID
 
 import httpx
 from pydantic import BaseModel
@@ -57,6 +58,7 @@ FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a job's, once it is ove
 STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job ended
 Image = str | Path | bytes | tuple[str, bytes]  # a file, raw bytes, or (file name, bytes)
 Spec = Mapping[str, Any] | BaseModel  # a job spec as JSON, or core.kinds' TrainJobSpec, ...
+Id = str | UUID  # a job's or a study's id
 
 
 class Client:
@@ -103,7 +105,7 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return cast(Job, self._json("POST", "/jobs", json=_spec(spec), headers=headers))
 
-    def job(self, job_id: str) -> Job:
+    def job(self, job_id: Id) -> Job:
         """A job: status, progress, results, spec."""
         return cast(Job, self._json("GET", f"/jobs/{job_id}"))
 
@@ -117,14 +119,14 @@ class Client:
         dataset: str | None = None,
         tag: str | None = None,
         q: str | None = None,
-        study: str | None = None,
+        study: Id | None = None,
         sort: str = "-created",
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
         """One page of jobs; pass its `next_cursor` as `cursor` for the next."""
         filters = {"kind": kind, "model": model, "family": family, "dataset": dataset}
-        filters |= {"tag": tag, "q": q, "study": study, "cursor": cursor}
+        filters |= {"tag": tag, "q": q, "study": str(study) if study else None, "cursor": cursor}
         params: dict[str, Any] = {name: value for name, value in filters.items() if value}
         params |= {"status": list(status), "sort": sort, "limit": limit}
         return cast(JobPage, self._json("GET", "/jobs", params=params))
@@ -139,7 +141,7 @@ class Client:
         dataset: str | None = None,
         tag: str | None = None,
         q: str | None = None,
-        study: str | None = None,
+        study: Id | None = None,
         sort: str = "-created",
         page_size: int = 50,
     ) -> Iterator[JobItem]:
@@ -168,19 +170,19 @@ class Client:
         """The job kinds the service takes."""
         return cast(list[Kind], self._json("GET", "/jobs/kinds"))
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job_id: Id) -> Job:
         """Cancel a job: a queued one now, a running one within seconds."""
         return cast(Job, self._json("POST", f"/jobs/{job_id}/cancel"))
 
-    def retry(self, job_id: str) -> Retried:
+    def retry(self, job_id: Id) -> Retried:
         """Queue a failed or cancelled job again (it resumes from its last checkpoint)."""
         return cast(Retried, self._json("POST", f"/jobs/{job_id}/retry"))
 
-    def delete(self, job_id: str) -> None:
+    def delete(self, job_id: Id) -> None:
         """Delete a job that is not running, its rows and its files."""
         self._send("DELETE", f"/jobs/{job_id}")
 
-    def wait(self, job_id: str, timeout: float | None = None, *, interval: float = 1.0) -> Job:
+    def wait(self, job_id: Id, timeout: float | None = None, *, interval: float = 1.0) -> Job:
         """Poll the job every `interval` s until it is over; TimeoutError after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -191,7 +193,7 @@ class Client:
 
     def events(
         self,
-        job_id: str,
+        job_id: Id,
         *,
         since_step: int | None = None,
         reconnects: int = RECONNECTS,
@@ -220,7 +222,7 @@ class Client:
                 raise ServiceUnreachableError(self.url, f"the events of job {job_id} kept dropping")
 
     def stream_metrics(
-        self, job_id: str, *, since_step: int | None = None, reconnects: int = RECONNECTS
+        self, job_id: Id, *, since_step: int | None = None, reconnects: int = RECONNECTS
     ) -> Iterator[MetricPoint]:
         """A job's metric points as they are written, until it ends (from `since_step`;
         default: only new ones)."""
@@ -229,7 +231,7 @@ class Client:
                 yield from _points(event.data)
 
     def metrics(
-        self, job_id: str, names: Sequence[str] = (), *, max_points: int = 1000
+        self, job_id: Id, names: Sequence[str] = (), *, max_points: int = 1000
     ) -> dict[str, list[Point]]:
         """A job's curves by metric name (all, or `names`), each at most `max_points` long."""
         params: dict[str, Any] = {"max_points": max_points}
@@ -242,7 +244,7 @@ class Client:
         }
 
     def metrics_frame(
-        self, job_id: str, names: Sequence[str] = (), *, max_points: int = 1000
+        self, job_id: Id, names: Sequence[str] = (), *, max_points: int = 1000
     ) -> pandas.DataFrame:
         """A job's curves as a pandas DataFrame: one column per metric, indexed by step."""
         try:
@@ -260,7 +262,7 @@ class Client:
         frame.index.name = "step"
         return frame
 
-    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+    def checkpoints(self, job_id: Id) -> list[Checkpoint]:
         """The checkpoints a job keeps, by step."""
         return cast(list[Checkpoint], self._json("GET", f"/jobs/{job_id}/checkpoints"))
 
@@ -302,7 +304,7 @@ class Client:
         params = {"dry_run": "true"}
         return cast(StudyPreview, self._json("POST", "/studies", json=body, params=params))
 
-    def study(self, study_id: str) -> Study:
+    def study(self, study_id: Id) -> Study:
         """A study: state, counts, results per cell, jobs."""
         return cast(Study, self._json("GET", f"/studies/{study_id}"))
 
@@ -314,28 +316,28 @@ class Client:
         """The papers' experiments that `submit_study(preset)` repeats."""
         return cast(list[Preset], self._json("GET", "/studies/presets"))
 
-    def study_results(self, study_id: str) -> list[CellResult]:
+    def study_results(self, study_id: Id) -> list[CellResult]:
         """A study's results table: per cell, errors over seeds beside the papers' number."""
         return self.study(study_id)["cells"]
 
-    def study_results_csv(self, study_id: str) -> str:
+    def study_results_csv(self, study_id: Id) -> str:
         """A study's results table as CSV text."""
         return self._send("GET", f"/studies/{study_id}/results.csv").text
 
-    def study_results_markdown(self, study_id: str) -> str:
+    def study_results_markdown(self, study_id: Id) -> str:
         """A study's results table as Markdown, errors in % the way the papers print them."""
         return self._send("GET", f"/studies/{study_id}/results.md").text
 
-    def cancel_study(self, study_id: str) -> Study:
+    def cancel_study(self, study_id: Id) -> Study:
         """Cancel every unfinished job of a study."""
         return cast(Study, self._json("POST", f"/studies/{study_id}/cancel"))
 
-    def delete_study(self, study_id: str) -> None:
+    def delete_study(self, study_id: Id) -> None:
         """Delete a study none of whose jobs runs, its jobs and their files."""
         self._send("DELETE", f"/studies/{study_id}")
 
     def wait_study(
-        self, study_id: str, timeout: float | None = None, *, interval: float = 2.0
+        self, study_id: Id, timeout: float | None = None, *, interval: float = 2.0
     ) -> Study:
         """Poll the study until every job ended; TimeoutError after `timeout` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -347,7 +349,7 @@ class Client:
 
     # -- registry --------------------------------------------------------------------
 
-    def register(self, name: str, job_id: str, *, checkpoint: str = "best") -> Version:
+    def register(self, name: str, job_id: Id, *, checkpoint: str = "best") -> Version:
         """Register a succeeded train job's `best` or `last` checkpoint as `name`'s next
         version (the model is made on first use)."""
         body = {"job": str(job_id), "checkpoint": checkpoint}
@@ -431,7 +433,7 @@ class Client:
             reason = str(error) or type(error).__name__
             raise ServiceUnreachableError(self.url, reason) from error
 
-    def _stream_once(self, job_id: str, resume: _Resume) -> Iterator[Event]:
+    def _stream_once(self, job_id: Id, resume: _Resume) -> Iterator[Event]:
         """The events of one connection to a job's stream, noting where to resume."""
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
         with (

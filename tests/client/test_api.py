@@ -104,6 +104,7 @@ def test_an_unreachable_service_fails_fast() -> None:
 
 def test_health_session_and_ready(service: Client) -> None:
     assert service.health() == {"status": "ok"}
+    assert {"train", "evaluate"} <= {kind["kind"] for kind in service.kinds()}
     assert service.session() == {"auth_enabled": True, "scopes": ["predict", "read", "train"]}
     assert service.ready()["checks"]["database"] == "ok"
 
@@ -129,7 +130,7 @@ def test_events_metrics_and_wait(service: Client, settings: Settings) -> None:
     assert names[-1] == "end"
     assert events[-1].data["status"] == "succeeded"
     assert any(event.name == "log" and event.data["message"] == "ran" for event in events)
-    assert service.wait(str(job_id), timeout=5)["status"] == "succeeded"
+    assert service.wait(job_id, timeout=5)["status"] == "succeeded"  # a UUID does too
     streamed = list(service.stream_metrics(str(job_id), since_step=0))
     assert [(p.name, p.step) for p in streamed] == [("train/loss", s) for s in (1, 2, 3)]
     curves = service.metrics(str(job_id))
@@ -173,6 +174,8 @@ def test_study_preview_submit_results_cancel(service: Client, queue: redis.Redis
     assert [line.split(",")[0] for line in csv[1:]] == ["plain8", "resnet8"]
     assert "| plain8 |" in service.study_results_markdown(study["id"])
     assert study["id"] in [item["id"] for item in service.studies()]
+    assert len(list(service.jobs(study=uuid.UUID(study["id"])))) == 4
+    assert "degradation" in [preset["name"] for preset in service.presets()]
     service.cancel_study(study["id"])
     assert service.wait_study(study["id"], timeout=5)["state"] == "cancelled"
     with pytest.raises(InvalidError, match="resnet9"):
