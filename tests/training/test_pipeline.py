@@ -11,7 +11,7 @@ from PIL import Image
 from torch import Tensor
 
 from training.data import Batches, DatasetInfo, FileSplit, Split, TensorSplit
-from training.pipeline import Augmentation, make_batches
+from training.pipeline import Augmentation, Shard, make_batches
 
 CPU = torch.device("cpu")
 
@@ -43,6 +43,7 @@ def _batches(
     seed: int = 0,
     channels_last: bool = False,
     num_workers: int = 0,
+    shard: Shard | None = None,
 ) -> Batches:
     """make_batches on the CPU with the training settings (and no workers) by default."""
     return make_batches(
@@ -56,6 +57,7 @@ def _batches(
         seed=seed,
         num_workers=num_workers,
         channels_last=channels_last,
+        shard=shard,
     )
 
 
@@ -284,3 +286,22 @@ def test_file_images_are_resized_to_the_dataset_size(tmp_path: Path) -> None:
     files = _file_split(tmp_path, _random_split(4, channels=1, size=12))
     x, _ = _collect(_batches(files, _info(channels=1, size=8), batch_size=4))
     assert x.shape == (4, 1, 8, 8)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_the_ranks_parts_of_each_batch_make_up_the_batch(tmp_path: Path, in_memory: bool) -> None:
+    info, tensors = _info(), _random_split(20)
+    split: Split = tensors if in_memory else _file_split(tmp_path, tensors)
+    whole = list(_batches(split, info, batch_size=8).epoch(1, start=1))
+    parts = [
+        list(_batches(split, info, batch_size=8, shard=Shard(r, 2)).epoch(1, 1)) for r in (0, 1)
+    ]
+    assert [len(y) for _, y in parts[0]] == [4, 2]  # the short last batch 4 splits 2 + 2
+    for (x, y), (x0, y0), (x1, y1) in zip(whole, *parts, strict=True):
+        assert torch.equal(torch.cat([x0, x1]), x)
+        assert torch.equal(torch.cat([y0, y1]), y)
+
+
+def test_a_shard_outside_the_ranks_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):
+        Shard(2, 2)
