@@ -65,11 +65,15 @@ class Network:
         self.subnet = subnet or f"10.231.{random.randrange(1, 255)}"
         self.tag = uuid.uuid4().hex[:6]  # names of this run's links and namespaces
         self.bridge = f"rsbr{self.tag}"
-        self.address = f"{subnet}.1"  # the services'
+        self.address = f"{self.subnet}.1"  # the services'
         self.hosts: list[Host] = []
         _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        try:
+            _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+        except subprocess.CalledProcessError:
+            self.close()
+            raise
 
     def add_host(self, label: str) -> Host:
         """A new namespace on a veth pair whose outer end joins the bridge."""
