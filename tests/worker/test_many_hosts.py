@@ -29,6 +29,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from core.db.tables import Job
 from tests.api.helpers import make_key
 from tests.hosts import Forwarder, Host, Network, network
 from tests.services import claimed_redis_db, free_port, s3_server, wait_until_answering
@@ -172,13 +173,12 @@ def test_a_job_killed_on_host_a_resumes_on_host_b_and_is_served_by_the_api_host(
 
         _start_worker(host_b, environment["b"], roots["b"])
         mark("worker B ready")
-        resumed = wait_for(
-            lambda: (
-                (row := job(postgres_url, job_id)).attempt >= 2 and row.status == "running" and row
-            ),
-            120,
-            "worker B to take the job over",
-        )
+
+        def taken_over() -> Job | None:
+            row = job(postgres_url, job_id)
+            return row if row.attempt >= 2 and row.status == "running" else None
+
+        resumed = wait_for(taken_over, 120, "worker B to take the job over")
         assert host_b.name in (resumed.worker or ""), resumed.worker
         mark("job running on B")
         done = wait_status(postgres_url, job_id, "succeeded", timeout=600)
