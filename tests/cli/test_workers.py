@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from cli import server
 from core.db.session import session_scope
-from core.db.tables import Worker
+from core.db.tables import Job, Worker
 from core.kinds import TrainJobSpec
 from tests.worker.support import make_settings, recipe, service_env, submit, wait_for, wait_status
 
@@ -110,13 +110,15 @@ def test_two_gpu_workers_register_run_a_cpu_job_and_stop_on_sigterm(
     for key, value in service_env(settings, tmp_path / "artifacts").items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(server, "visible_gpus", lambda: 2)
-    url, seen = settings.database_url, {}
+    url = settings.database_url
+    seen: dict[str, list[Worker]] = {}
+    ended: list[Job] = []
 
     def drive() -> None:
         try:
             seen["workers"] = wait_for(lambda: _alive(url, 2), 300, "two workers to register")
             job_id = submit(settings, _cpu_job())
-            seen["job"] = wait_status(url, job_id, "succeeded", timeout=180)
+            ended.append(wait_status(url, job_id, "succeeded", timeout=180))
         finally:
             signal.raise_signal(signal.SIGTERM)  # to the supervisor, as `docker compose stop`
 
@@ -135,8 +137,8 @@ def test_two_gpu_workers_register_run_a_cpu_job_and_stop_on_sigterm(
         ["cuda:1"],
         ["train", "gpu"],
     ]
-    assert seen["job"].device == "cpu"
-    assert seen["job"].worker.split("@")[0] in registered
+    assert ended[0].device == "cpu"
+    assert str(ended[0].worker).split("@")[0] in registered
     assert _alive(url, 0) == []  # both stopped warm and left the register
 
 
