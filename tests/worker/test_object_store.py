@@ -142,7 +142,10 @@ def trained(base: Settings, s3_url: str, tmp_path_factory: pytest.TempPathFactor
         )
         workers[1].wait_ready()
         wait_status(url, job_id, "succeeded", timeout=240)
-        assert (second.artifact_dir / "jobs" / str(job_id) / "checkpoints").is_dir()
+        # The worker that ended the job keeps no copy of it; the killed one's stays.
+        copy = second.artifact_dir / "jobs" / str(job_id)
+        wait_for(lambda: not copy.exists(), 30, "the second worker to drop its copy")
+        assert list((first.artifact_dir / "jobs" / str(job_id) / "checkpoints").glob("step-*"))
         return job_id
     finally:
         for worker in workers:  # stopped now: no reaper of theirs sees the later tests' jobs
