@@ -99,6 +99,10 @@ class Reaper(threading.Thread):
                 log.exception("reaper pass failed; next try in %.0f s", seconds)
             self._done.wait(seconds)
 
+    def stop_soon(self) -> None:
+        """Ask it to stop after the current pass, without waiting."""
+        self._done.set()
+
     def stop(self) -> None:
         """Stop after the current pass."""
         self._done.set()

@@ -83,11 +83,15 @@ def _stop_reaper(sender: Any, **_: object) -> None:
     presence.leave(settings, sender.hostname)
 
 
-def _pass_on_shutdown(**_: object) -> None:
-    """In the main process, at a warm or cold shutdown: tell the job processes (SIGTERM)."""
+def _pass_on_shutdown(sender: str, how: str = "Warm", **_: object) -> None:
+    """In the main process, at a warm or cold shutdown: tell the job processes (SIGTERM);
+    a cold one leaves the register now (it ends with no worker_shutdown)."""
     for child in process.active_children():
         with suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGTERM)
+    if how == "Cold":
+        _reaper.stop_soon()
+        presence.leave(settings, sender)
 
 
 app.task(name=RUN_JOB, bind=True)(run_job)

@@ -118,7 +118,7 @@ def test_gpus_all_on_a_machine_without_gpus_says_so(cpu_worker: Service) -> None
     assert "leave out --gpus to run one CPU worker" in ran.stderr
 
 
-def test_a_killed_worker_turns_lost_and_a_stopped_one_leaves(cpu_worker: Service) -> None:
+def test_a_killed_worker_turns_lost_and_stopped_ones_leave(cpu_worker: Service) -> None:
     url = cpu_worker.url
     cpu_worker.workers["cpu"].kill_all()
     lost = lambda: _registered(url)["cpu"].state == "lost"  # noqa: E731
@@ -127,6 +127,9 @@ def test_a_killed_worker_turns_lost_and_a_stopped_one_leaves(cpu_worker: Service
     started = wait_for(lambda: _registered(url).get("cpu2"), 30, "cpu2 to register")
     assert started.state == "alive"
     assert cpu_worker.workers["cpu2"].stop_warm() == 0
+    cpu_worker.start("cpu3")
+    wait_for(lambda: _registered(url).get("cpu3"), 30, "cpu3 to register")
+    cpu_worker.workers["cpu3"].stop()  # a cold shutdown (SIGQUIT, as `up` stops its worker)
     with session_scope(url) as session:
         names = list(session.scalars(select(Worker.name)))
     assert [name.split("@")[0] for name in names] == ["cpu"]
