@@ -74,7 +74,9 @@ class _ServiceCollector(Collector):
             log.exception("cannot read the queue depth for /metrics")
             return
         yield GaugeMetricFamily(
-            "resnet_queue_depth", "Job ids waiting on the job queues (train, gpu, gpu-N).", value=depth
+            "resnet_queue_depth",
+            "Job ids waiting on the job queues (train, gpu, gpu-N).",
+            value=depth,
         )
 
 
