@@ -32,7 +32,7 @@ from core.db.tables import Upload as Row
 from core.errors import ConflictError, InvalidError, NotFoundError
 from core.owners import Caller, check_owner
 from core.settings import Settings
-from core.storage import ObjectMissingError, store_for
+from core.storage import ObjectMissingError, StoreError, store_for
 from training.datasets.archives import Limits, sha256_of, unpack_archive
 
 FOLDER = "uploads"  # under DATA_DIR
@@ -85,12 +85,25 @@ def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UU
             "the archive holds no images (expected class/image files)", field=("body", "file")
         )
     if uses_bucket(settings):  # before the row: no row names an archive the store lacks
-        store_for(settings).put(archive_key(archive, upload_id), archive, upload_id)
+        put_archive(archive, upload_id, tree, session=session, settings=settings)
     row = kept or Row(sha256=upload_id, owner_key_id=owner)
     row.files, row.bytes = len(files), sum(path.stat().st_size for path in files)
     session.add(row)
     session.flush()
     return row
+
+
+def put_archive(
+    archive: Path, upload_id: str, tree: Path, *, session: Session, settings: Settings
+) -> None:
+    """Put the archive to the object store; when it cannot be, nothing of it is kept here
+    either (unless another owner's row keeps the same files)."""
+    try:
+        store_for(settings).put(archive_key(archive, upload_id), archive, upload_id)
+    except StoreError:
+        if not session.scalar(select(func.count()).where(Row.sha256 == upload_id)):
+            shutil.rmtree(tree, ignore_errors=True)
+        raise
 
 
 def visible(*, session: Session, caller: Caller) -> list[Row]:

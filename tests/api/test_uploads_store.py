@@ -96,3 +96,20 @@ def test_a_worker_without_the_store_cannot_unpack_an_upload(
     # Datasets that are no upload, and the local store, need nothing fetched.
     assert uploads.materialize(dead, {"name": "digits"}) is None
     assert uploads.materialize(settings, {"path": "uploads/" + "a" * 64}) is None
+
+
+def test_an_upload_the_store_cannot_take_is_a_503_and_nothing_is_kept(
+    settings: Settings, tmp_path: Path
+) -> None:
+    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", tmp_path)
+    key = make_key(settings.database_url, "read", "train")
+    names = [f"dots/{label}/{i}.png" for label in ("few", "many") for i in range(2)]
+    archive = _zip(names)
+    with TestClient(create_app(dead), headers={"Authorization": f"Bearer {key}"}) as api:
+        sent = api.post(DATASETS, files={"file": ("dots.zip", archive, "application/zip")})
+        assert sent.status_code == 503, sent.text
+        assert sent.headers["Retry-After"] == "5"
+        listed_rows = api.get(f"{DATASETS}/uploads").json()
+    upload_id = hashlib.sha256(archive).hexdigest()
+    assert upload_id not in {row["id"] for row in listed_rows}
+    assert not (uploads.folder(dead) / upload_id).exists()
