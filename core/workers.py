@@ -2,7 +2,8 @@
 heartbeat every reaper pass; its job process notes the job it runs and when it ends.
 
 A worker unseen for `LOST_AFTER_LEASES` leases is `lost` (its jobs' leases ran out too, and
-the reapers re-enqueue them); a worker that stops cleanly takes its row away.
+the reapers re-enqueue them); a worker that stops cleanly takes its row away, and one lost
+for `FORGET_AFTER` is forgotten.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 from core.db.tables import Worker, utcnow
 
 LOST_AFTER_LEASES = 3  # a heartbeat comes every third of a lease: nine missed ones
+FORGET_AFTER = timedelta(days=7)  # a lost worker's row stays this long, for the record
 State = Literal["alive", "lost"]
 
 
@@ -81,6 +83,15 @@ def finished(*, session: Session, name: str) -> None:
 def deregister(*, session: Session, name: str) -> None:
     """Remove the row of a worker that stops cleanly."""
     session.execute(delete(Worker).where(Worker.name == name))
+
+
+def forget_lost(*, session: Session, unseen_for: timedelta) -> int:
+    """Remove the rows of workers unseen for `unseen_for` (gone for good); how many."""
+    cutoff = utcnow() - unseen_for
+    gone = session.execute(
+        delete(Worker).where(Worker.last_seen_at < cutoff).returning(Worker.name)
+    )
+    return len(gone.all())
 
 
 def state(worker: Worker, *, lease_seconds: int, now: datetime | None = None) -> State:

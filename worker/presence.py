@@ -41,8 +41,10 @@ class Presence:
     queues: list[str]
 
     def beat(self) -> None:
-        """The main process's heartbeat (each reaper pass); writes the row when missing."""
+        """The main process's heartbeat (each reaper pass); writes the row when missing, and
+        forgets workers lost for long."""
         with session_scope(self.settings.database_url, pooled=False) as session:
+            workers.forget_lost(session=session, unseen_for=workers.FORGET_AFTER)
             if workers.heartbeat(session=session, name=self.name):
                 return
             workers.register(

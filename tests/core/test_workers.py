@@ -54,6 +54,8 @@ def test_a_worker_registers_beats_runs_a_job_and_turns_lost_unseen(database_url:
 
     with session_scope(database_url) as session:
         workers.deregister(session=session, name="a@h")
-        workers.deregister(session=session, name="b@h")
+        gone = utcnow() - workers.FORGET_AFTER - timedelta(seconds=1)
+        session.execute(update(Worker).where(Worker.name == "b@h").values(last_seen_at=gone))
+        assert workers.forget_lost(session=session, unseen_for=workers.FORGET_AFTER) == 1
         jobs.delete(session=session, job_id=job_id)
     assert _seen(database_url) == {}
