@@ -69,6 +69,11 @@ def worker(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
     owned = _devices(settings, group)
+    if group is None and owned[0].startswith("cuda") and not visible_gpus():
+        # It would take GPU jobs from their queues and send them back, again and again
+        # (a group's GPUs were checked by the command that started it).
+        typer.echo(f"error: device {owned[0]} is asked for, but no GPU is visible", err=True)
+        raise typer.Exit(1)
     from worker import presence
     from worker.tasks import app as celery
 

@@ -2,9 +2,8 @@
 
 The main process registers at start (its devices as `resnet-service worker` chose them, its
 queues as Celery consumes them) with its first heartbeat, beats every reaper pass and
-leaves at a clean stop. The job
-process notes the job it runs, and refuses one that needs more GPUs than it has: a message
-that reached the wrong queue goes back to its own.
+leaves at a clean stop. The job process notes the job it runs, and refuses one that needs
+more GPUs than it has: a message that reached the wrong queue goes back to its own.
 """
 
 from __future__ import annotations

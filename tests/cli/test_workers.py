@@ -13,11 +13,14 @@ from pathlib import Path
 import pytest
 import typer
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 from cli import server
+from cli.main import app
 from core.db.session import session_scope
 from core.db.tables import Job, Worker
 from core.kinds import TrainJobSpec
+from core.settings import get_settings
 from tests.worker.support import make_settings, recipe, service_env, submit, wait_for, wait_status
 
 # A stand-in worker: says which signal ended it, as Celery's warm and cold shutdowns would.
@@ -157,3 +160,17 @@ def _cpu_job() -> TrainJobSpec:
             "resources": {"device": "cpu"},
         }
     )
+
+
+def test_a_cuda_device_where_no_gpu_is_visible_is_refused(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", postgres_url)
+    monkeypatch.setenv("DEVICE", "cuda:0")  # as --device sets it, undone after the test
+    get_settings.cache_clear()
+    try:
+        ran = CliRunner().invoke(app, ["worker"])
+    finally:
+        get_settings.cache_clear()
+    assert ran.exit_code == 1
+    assert "device cuda:0 is asked for, but no GPU is visible" in ran.output
