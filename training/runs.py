@@ -63,6 +63,8 @@ def train(
             free_margin=free_margin,
         )
     main = ranks is None or ranks.is_main
+    if ranks is not None:
+        spec = _spec_of_rank_0(spec, ranks)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = _load(spec, data_root, download, ranks)
     if prepare is not None and main:
@@ -81,6 +83,13 @@ def train(
     if main:
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _spec_of_rank_0(spec: TrainSpec, ranks: Ranks) -> TrainSpec:
+    """Rank 0's spec, on every rank: ranks that trained specs of their own (another host
+    given other options) would wait on each other's collectives until the timeout."""
+    shared = ranks.share(spec.model_dump(mode="json", include=set(TrainSpec.model_fields)))
+    return spec if ranks.is_main else TrainSpec.model_validate(shared)
 
 
 def _load(spec: TrainSpec, data_root: Path, download: bool, ranks: Ranks | None) -> LoadedDataset:

@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +27,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training import checkpoints, runs
+from training import checkpoints, distributed, runs
 from training.datasets import load_dataset
-from training.distributed import RankFailedError
+from training.distributed import RankFailedError, Rendezvous
 from training.events import RecordingSink
 from training.loop import _augmentation, build_model, fit
 from training.pipeline import make_batches
@@ -172,12 +175,52 @@ def test_a_killed_rank_ends_the_attempt_and_the_run_resumes_on_its_step_axis(
     assert checkpoints.latest(out / checkpoints.DIRECTORY) == out / "checkpoints" / "step-12.pt"
 
 
-def test_the_ranks_stop_together_at_the_first_stop_check_after_a_request(tmp_path: Path) -> None:
-    spec, out = _spec(iterations=30, checkpoint_every=20, log_every=4), tmp_path / "run"
-    stopping = RecordingSink(stop_at=2)
-    summary = runs.train(spec, data_root=tmp_path, out_dir=out, sink=stopping, nproc=2)
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_ranks_on_two_hosts_train_node_0s_spec_and_stop_together(tmp_path: Path) -> None:
+    """Node 1 is `resnet-service train --nnodes 2 --node-rank 1`; node 0 is this process.
+
+    Node 1 is given another budget and log cadence: it trains node 0's spec all the same,
+    or their collectives would not pair up. A stop request after step 2 is agreed at the
+    first stop check, step 10, by every rank.
+    """
+    spec, port = _spec(iterations=30, checkpoint_every=20, log_every=4), _free_port()
+    node_1 = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "resnet-service"),
+            "train",
+            *("--model", "resnet8", "--dataset", "synthetic", "--iterations", "4"),
+            *("-d", "image_size=8", "-d", "train_size=64", "-d", "test_size=16"),
+            *("-d", "validation=0", "-r", "batch_size=16"),
+            *("--device", "cpu", "--out", str(tmp_path / "node-1")),
+            *("--nnodes", "2", "--node-rank", "1", "--master-port", str(port)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        summary = distributed.train(
+            spec,
+            nproc=1,
+            data_root=tmp_path,
+            out_dir=tmp_path / "node-0",
+            sink=RecordingSink(stop_at=2),
+            device=torch.device("cpu"),
+            rendezvous=Rendezvous("127.0.0.1", port, nnodes=2, node_rank=0),
+        )
+        output, _ = node_1.communicate(timeout=120)
+    finally:
+        node_1.kill()
+    assert node_1.returncode == 0, output.decode(errors="replace")
+    assert summary["distributed"]["world_size"] == 2
+    assert summary["distributed"]["per_rank_batch"] == 8
     assert summary["stopped"]
-    assert summary["steps"] == STOP_EVERY  # asked after step 2; the ranks agree every 10
-    saved = checkpoints.load(out / "checkpoints" / f"step-{STOP_EVERY}.pt")
+    assert summary["steps"] == STOP_EVERY
+    saved = checkpoints.load(tmp_path / "node-0" / "checkpoints" / f"step-{STOP_EVERY}.pt")
     # Both ranks' running sums since the last log (steps 9 and 10), in rank 0's checkpoint.
     assert saved["loop"]["window"][2] == 2 * spec.recipe.batch_size
+    assert not (tmp_path / "node-1" / "checkpoints").exists()  # rank 0 alone writes them
