@@ -50,6 +50,7 @@ DEFAULT_TIMEOUT_S = 300.0
 END_GRACE_S = 5.0  # how long a rank has to exit on SIGTERM before it is killed
 SETTLE_S = 2.0  # how long a failed launcher waits to learn which rank died, if one did
 PR_SET_PDEATHSIG = 1
+ARRIVED = "ranks-arrived"  # the store's count of ranks started by launchers, ready to join
 
 
 class RankFailedError(RuntimeError):
@@ -140,6 +141,9 @@ def train(
     own_sink.on_event("info", f"started {world} ranks on {backend}: rank {first} here, {pids}")
     try:
         with _threads(_threads_per_rank(devices[0], nproc)):
+            if first > 0:
+                store.add(ARRIVED, 1)  # this host's launcher is a rank too
+            _await_ranks(store, world, children, timeout_s)
             ranks = _join(store, first, world, devices[0], backend, timeout)
             summary = runs.train(
                 spec,
@@ -167,6 +171,21 @@ def train(
         if dist.is_initialized():
             dist.destroy_process_group()
     return summary
+
+
+def _await_ranks(
+    store: Store, world: int, children: dict[int, subprocess.Popen[bytes]], timeout_s: float
+) -> None:
+    """Wait until every rank has reached the store, failing at once if one of ours dies first
+    (joining the process group would wait for it until the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while store.add(ARRIVED, 0) < world - 1:
+        failed = _failures(children)
+        if failed:
+            raise RankFailedError(f"{failed} before joining the run")
+        if time.monotonic() > deadline:
+            raise RankFailedError(f"not every rank of {world} arrived within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def _join(
@@ -270,6 +289,7 @@ def main(argv: list[str]) -> None:
     store = TCPStore(
         launch["addr"], launch["port"], launch["world_size"], is_master=False, timeout=timeout
     )
+    store.add(ARRIVED, 1)
     ranks = _join(store, launch["rank"], launch["world_size"], device, launch["backend"], timeout)
     try:
         runs.train(

@@ -224,3 +224,18 @@ def test_ranks_on_two_hosts_train_node_0s_spec_and_stop_together(tmp_path: Path)
     # Both ranks' running sums since the last log (steps 9 and 10), in rank 0's checkpoint.
     assert saved["loop"]["window"][2] == 2 * spec.recipe.batch_size
     assert not (tmp_path / "node-1" / "checkpoints").exists()  # rank 0 alone writes them
+
+
+def test_a_rank_that_dies_before_joining_ends_the_attempt_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_launch: dict[str, Any]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+    monkeypatch.setattr(distributed, "_spawn", broken)
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 \(pid \d+\) exited with status 3"):
+        runs.train(
+            _spec(iterations=4), data_root=tmp_path, out_dir=tmp_path, sink=RecordingSink(), nproc=2
+        )
+    assert time.monotonic() - started < KILL_WITHIN_S  # not the rendezvous' 300 s
