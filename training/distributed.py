@@ -3,7 +3,7 @@
 `train` runs one process per device. The calling process is rank 0: it reports through the
 caller's sink and writes the checkpoints exactly as a one-process run does (so the worker's
 fenced database sink and its watchdog work unchanged), and it starts ranks 1..N-1 as child
-processes of `python -m training.distributed`. The ranks meet at a TCPStore that rank 0
+processes of `python -m training.rank_process`. The ranks meet at a TCPStore that rank 0
 hosts (on a free port unless one is given) and talk over NCCL on GPUs, one device each, or
 gloo on CPUs.
 
@@ -19,7 +19,6 @@ local rank; node 0's launcher is rank 0 and hosts the store.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -49,7 +48,6 @@ from training.specs import TrainSpec
 DEFAULT_TIMEOUT_S = 300.0
 END_GRACE_S = 5.0  # how long a rank has to exit on SIGTERM before it is killed
 SETTLE_S = 2.0  # how long a failed launcher waits to learn which rank died, if one did
-PR_SET_PDEATHSIG = 1
 ARRIVED = "ranks-arrived"  # the store's count of ranks started by launchers, ready to join
 
 
@@ -224,7 +222,7 @@ def _threads(count: int) -> Iterator[None]:
 def _spawn(launch: dict[str, Any]) -> subprocess.Popen[bytes]:
     """Start one rank. In a session of its own: a Ctrl-C reaches the launcher, which stops
     the run in step and checkpoints, rather than killing the ranks mid-step."""
-    command = [sys.executable, "-m", "training.distributed", json.dumps(launch)]
+    command = [sys.executable, "-m", "training.rank_process", json.dumps(launch)]
     return subprocess.Popen(command, start_new_session=True)
 
 
@@ -271,18 +269,9 @@ def _end(children: dict[int, subprocess.Popen[bytes]]) -> None:
             child.wait()
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have Linux kill this rank when its launcher dies, so that no rank outlives its run."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the launcher died before the signal was armed
-        raise SystemExit(f"the launcher (pid {parent}) is gone")
-
-
 def main(argv: list[str]) -> None:
-    """Run one rank other than the launcher's, as `train` started it."""
+    """Run one rank other than the launcher's, as `train` started it (`training.rank_process`)."""
     launch = json.loads(argv[0])
-    _die_with_parent(launch["parent"])
     device = torch.device(launch["device"])
     torch.set_num_threads(launch["threads"])
     timeout = timedelta(seconds=launch["timeout_s"])
@@ -305,7 +294,3 @@ def main(argv: list[str]) -> None:
         )
     finally:
         dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

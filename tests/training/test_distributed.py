@@ -239,3 +239,47 @@ def test_a_rank_that_dies_before_joining_ends_the_attempt_at_once(
             _spec(iterations=4), data_root=tmp_path, out_dir=tmp_path, sink=RecordingSink(), nproc=2
         )
     assert time.monotonic() - started < KILL_WITHIN_S  # not the rendezvous' 300 s
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """kill -9 of rank 0's process (a worker's watchdog ends a stuck job so) ends the others."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "resnet-service"),
+            "train",
+            *("--model", "resnet8", "--dataset", "synthetic", "--iterations", "100000"),
+            *("-d", "image_size=8", "-d", "train_size=64", "-d", "validation=0"),
+            *("-r", "batch_size=16", "--device", "cpu", "--nproc", "2", "--out", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"rank 1 pid (\d+)", _read(out / "events.log"))):
+            assert launcher.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        rank_1 = int(found.group(1))
+        assert _alive(rank_1)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + KILL_WITHIN_S
+    while _alive(rank_1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank_1)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
