@@ -61,3 +61,15 @@ def test_the_workers_page_shows_each_worker_and_follows_its_heartbeat(
     expect(gpu.locator("td.done")).to_have_text("1")
     gpu.locator("td").first.hover()
     expect(gpu.locator("td").first).to_have_attribute("title", "pid 11 on a")
+
+
+def test_a_queued_gpu_job_says_what_it_needs_and_waits_for(page: Page, server: Server) -> None:
+    spec = {"kind": "train", "name": "needs a gpu", "model": {"name": "resnet8"}}
+    spec |= {"dataset": {"name": "digits"}, "resources": {"gpus": 1}}
+    with server.client() as client:
+        response = client.post("/api/v1/jobs", json=spec)
+    assert response.status_code == 202, response.text
+    visit(page, server, f"#/runs/{response.json()['id']}")
+    expect(page.locator("#waiting-for")).to_have_text("a worker with a GPU")
+    expect(page.locator("#facts")).to_contain_text("gpu · 1 GPU · queue gpu")
+    screenshot(page, "run-waiting-for-gpu")

@@ -205,6 +205,8 @@ function drawFacts(card, job) {
       ),
     ],
     ["attempt", `${job.attempt} of ${job.max_attempts}`],
+    ["needs", needs(job)],
+    job.waiting_for && ["waiting for", h("span", { id: "waiting-for" }, job.waiting_for)],
     ["worker", job.worker ?? "–"],
     ["device", job.device ?? "–"],
     ["created", when(job.created_at)],
@@ -240,6 +242,14 @@ function drawFacts(card, job) {
       facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
     ),
   );
+}
+
+/** What the job asks of a worker (its spec's resources) and the queue that carries it. */
+function needs(job) {
+  const asked = job.spec.resources;
+  if (!asked) return `any device · queue ${job.queue}`;
+  const gpus = asked.gpus ? ` · ${asked.gpus} GPU${asked.gpus > 1 ? "s" : ""}` : "";
+  return `${asked.device}${gpus} · queue ${job.queue}`;
 }
 
 function chartDivs(grid, job) {
