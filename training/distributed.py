@@ -110,7 +110,7 @@ def train(
     devices = rank_devices(device, nproc)
     backend = "nccl" if devices[0].type == "cuda" else "gloo"
     world, first = nproc * meet.nnodes, meet.node_rank * nproc
-    timeout = timedelta(seconds=timeout_s)
+    timeout, threads = timedelta(seconds=timeout_s), _threads_per_rank(devices[0], nproc)
     store = TCPStore(
         meet.addr, meet.port, world, is_master=first == 0, timeout=timeout, wait_for_workers=False
     )
@@ -127,7 +127,7 @@ def train(
         "world_size": world,
         "backend": backend,
         "timeout_s": timeout_s,
-        "threads": _threads_per_rank(devices[0], nproc),
+        "threads": threads,
         "parent": os.getpid(),
     }
     children = {
@@ -138,7 +138,7 @@ def train(
     pids = ", ".join(f"rank {rank} pid {child.pid}" for rank, child in children.items())
     own_sink.on_event("info", f"started {world} ranks on {backend}: rank {first} here, {pids}")
     try:
-        with _threads(_threads_per_rank(devices[0], nproc)):
+        with _threads(threads):
             if first > 0:
                 store.add(ARRIVED, 1)  # this host's launcher is a rank too
             _await_ranks(store, world, children, timeout_s)

@@ -1,4 +1,5 @@
-"""One run on two CPU processes (gloo): the same updates as one process, and a dead rank.
+"""One run on several CPU processes (gloo): the same updates as one process, stops agreed by
+every rank, two hosts at one rendezvous, and ranks that die.
 
 Each rank normalises BatchNorm with its own half of the batch (as the papers' multi-GPU
 runs did), so two ranks do not train the same weights as one process that normalises the
