@@ -64,6 +64,10 @@ def submit(
     recipe: RecipeFields = None,
     name: Annotated[str | None, typer.Option(help="A name for the runs table.")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="What it runs on: cpu, gpu, any (default: by its size).")
+    ] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs it needs (with --device gpu).")] = None,
     spec_file: Annotated[
         Path | None, typer.Option("--spec", help="A whole job spec (train or evaluate) as JSON.")
     ] = None,
@@ -90,6 +94,10 @@ def submit(
             ),
         }
     )
+    asked = {"device": device, "gpus": gpus}
+    if any(value is not None for value in asked.values()):
+        # The service fills in what is left out, by the job's size.
+        payload["resources"] = {k: v for k, v in asked.items() if v is not None}
     with connect(url, key) as client:
         job = client.submit(payload)
     typer.echo(job["id"])

@@ -41,6 +41,18 @@ def test_submit_prints_the_id_of_a_queued_job(
     assert queue.llen(QUEUE) == 1
 
 
+def test_submit_asks_for_gpus_and_the_job_goes_to_their_queue(
+    live_url: str, key: str, queue: redis.Redis
+) -> None:
+    args = ["submit", "--model", "resnet8", "--epochs", "1", "--gpus", "2", "--url", live_url]
+    result = runner.invoke(app, [*args, "--key", key])
+    assert result.exit_code == 0, result.output
+    headers = {"Authorization": f"Bearer {key}"}
+    job = httpx.get(f"{live_url}/api/v1/jobs/{result.stdout.strip()}", headers=headers).json()
+    assert job["spec"]["resources"] == {"device": "gpu", "gpus": 2}
+    assert (queue.llen("gpu-2"), queue.llen(QUEUE)) == (1, 0)
+
+
 def test_submit_reports_each_invalid_field(live_url: str, key: str, queue: redis.Redis) -> None:
     args = ["submit", "--model", "resnet21", "-r", "lr=-1", "--url", live_url, "--key", key]
     result = runner.invoke(app, args)
