@@ -44,6 +44,11 @@ class FencedOutError(CheckpointError):
     """A newer owner holds the folder's fence: this writer may not touch its files."""
 
 
+class FolderLockedError(FencedOutError):
+    """Another writer held the folder's lock past the wait: say, an earlier owner frozen
+    (SIGSTOP, a hung host) in the middle of a save. It may never let go while frozen."""
+
+
 @dataclass(frozen=True)
 class Fence:
     """A checkpoint folder's fencing token on disk: only its holder writes, prunes or moves best.
@@ -98,7 +103,7 @@ class Fence:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise FencedOutError(
+                        raise FolderLockedError(
                             f"{self.directory} stayed locked by another writer for {wait_s:.0f} s"
                         ) from None
                     time.sleep(0.05)

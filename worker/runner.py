@@ -22,7 +22,7 @@ from core.queue import enqueue_committed
 from core.settings import Settings
 from core.storage import StoreUnavailableError, store_for
 from core.studies import service as studies
-from training.checkpoints import FencedOutError
+from training.checkpoints import FencedOutError, FolderLockedError
 from worker import outcomes, resume
 from worker.limits import time_limits
 from worker.outcomes import Outcome
@@ -68,6 +68,11 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
     try:
         outcome = run_claimed(claim, settings=settings, sink=sink, device=device)
         sink.flush()
+    except FolderLockedError as error:
+        # An earlier owner froze mid-save, holding the folder: no failure of this job's,
+        # and waiting here would hold a worker. Back to the queue, to try again later.
+        log.warning("job %s: %s", job_id, error)
+        outcome = Outcome(HANDED_BACK, error="an earlier attempt still holds its checkpoints")
     except (jobs.LeaseLost, FencedOutError) as error:
         log.warning("job %s: lease lost; another delivery owns it now (%s)", job_id, error)
         return

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import math
 import time
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 
-from core import jobs
+from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.worker.support import train_spec
+from tests.api.helpers import queued_ids
+from tests.worker.support import job, messages, train_spec
+from training import checkpoints
 from training.checkpoints import CheckpointInfo
 from training.events import RecordingSink
 from training.runs import json_safe
+from worker import runner
 from worker.limits import HARD_GRACE_S, MIN_LIMIT_S, TimeLimits, time_limits
 from worker.outcomes import failure, of_run
 from worker.resume import keep_verified_latest
@@ -167,3 +172,22 @@ def test_a_run_stopped_by_its_soft_limit_fails_with_the_reason(sqlite_url: str) 
     assert outcome.error.startswith("exceeded its time limit of 0 s")
     watchdog.cancelled.set()
     assert of_run({"stopped": True}, watchdog).status == "cancelled"
+
+
+def test_a_folder_an_earlier_owner_still_holds_hands_the_job_back(
+    settings: Settings, queue: redis.Redis
+) -> None:
+    quick = settings.model_copy(update={"lease_seconds": 5})  # the fence waits a lease
+    with session_scope(quick.database_url) as session:
+        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+    folder = artifacts.job_dir(quick, job_id) / checkpoints.DIRECTORY
+    folder.mkdir(parents=True)
+    with (folder / checkpoints.LOCK_FILE).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as an owner frozen in the middle of a save
+        runner.execute(job_id, settings=quick, worker="w")
+
+    row = job(quick.database_url, job_id)
+    assert (row.status, row.attempt, row.max_attempts) == ("queued", 1, 4)  # no failed attempt
+    log = messages(quick.database_url, job_id)
+    assert "handed back: an earlier attempt still holds its checkpoints" in log, log
+    assert queued_ids(queue) == [str(job_id)]  # back on its queue, for another try
