@@ -175,7 +175,7 @@ def fit(
     sink.on_event("info", describe_augmentation(given, spec))
     sink.on_event("info", f"memory format: {'channels_last' if channels_last else 'NCHW'}")
     if ranks is not None:
-        _join(ranks, window, state.step, recipe.seed)
+        _ready_rank(ranks, window, state.step, recipe.seed)
         sink.on_event("info", describe_ranks(ranks.describe(recipe.batch_size, _backend())))
 
     def save_checkpoint(*, is_best: bool) -> None:
@@ -279,7 +279,7 @@ def _should_stop(sink: EventSink, ranks: Ranks | None, step: int, checkpointed: 
     return ranks.agree(sink.should_stop())
 
 
-def _join(ranks: Ranks, window: Window, step: int, seed: int) -> None:
+def _ready_rank(ranks: Ranks, window: Window, step: int, seed: int) -> None:
     """Ready a rank for its first step: the window's restored sums are rank 0's alone, and
     random ops (dropout) draw a stream of their own on every other rank."""
     if not ranks.is_main:
