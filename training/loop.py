@@ -206,6 +206,8 @@ def fit(
     stopped = False
     evaluations: dict[str, Evaluation] = {}
     evaluated_at = -1
+    # Where the run starts (a resumed one: its checkpoint's step, perhaps already the end).
+    sink.on_progress(state.step, total)
     while state.step < total and not stopped:
         epoch, start = divmod(state.step, per_epoch)
         for x, y in train_batches.epoch(epoch, start):

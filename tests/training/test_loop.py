@@ -65,6 +65,12 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _history(first) + _history(second) == _history(whole)
+    # Resumed at its end (its worker died before recording the outcome): nothing to train,
+    # and its progress says it is at the end, as the job's row then records.
+    again = RecordingSink()
+    fit(spec, data, out_dir=tmp_path / "whole", sink=again)
+    assert again.step == 8
+    assert not [step for step, name, _ in again.metrics if name == "train/loss"]
     assert {n for _, n, _ in whole.metrics} >= {
         "train/loss",
         "train/error",
