@@ -19,11 +19,13 @@ from typing import IO
 import httpx
 import redis
 import uvicorn
+from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 from starlette.types import ASGIApp
 
 from core.db.session import get_engine
+from core.settings import Settings
 
 # The services CI starts (.ci/run); a test that needs one fails when it is down.
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -144,3 +146,20 @@ def wait_until_answering(url: str, process: subprocess.Popen[bytes], log: IO[byt
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no server answered at {url} within 30 s") from None
             time.sleep(0.05)
+
+
+def on_bucket(settings: Settings, endpoint: str, bucket: str, folder: Path) -> Settings:
+    """`settings` with `bucket` of the S3 server at `endpoint` as the artifact store, and
+    artifact, cache and data folders of its own under `folder` (another machine's)."""
+    return settings.model_copy(
+        update={
+            "artifact_store": "s3",
+            "s3_endpoint_url": endpoint,
+            "s3_bucket": bucket,
+            "s3_access_key_id": "test",
+            "s3_secret_access_key": SecretStr("test"),
+            "artifact_dir": folder / "artifacts",
+            "artifact_cache_dir": folder / "cache",
+            "data_dir": folder / "data",
+        }
+    )

@@ -11,7 +11,6 @@ from pathlib import Path
 import boto3
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import SecretStr
 
 from api.app import create_app
 from core import uploads
@@ -19,7 +18,7 @@ from core.settings import Settings
 from core.storage import StoreUnavailableError
 from tests.api.helpers import make_key
 from tests.api.test_datasets import _zip
-from tests.services import free_port
+from tests.services import free_port, on_bucket
 from training.datasets import load_dataset
 from training.specs import ImageFolderSpec
 
@@ -27,27 +26,11 @@ DATASETS = "/api/v1/datasets"
 BUCKET = "resnet-test-uploads"
 
 
-def on_bucket(settings: Settings, endpoint: str, folder: Path) -> Settings:
-    """`settings` with the bucket at `endpoint` as the store, and folders of its own."""
-    return settings.model_copy(
-        update={
-            "artifact_store": "s3",
-            "s3_endpoint_url": endpoint,
-            "s3_bucket": BUCKET,
-            "s3_access_key_id": "test",
-            "s3_secret_access_key": SecretStr("test"),
-            "artifact_dir": folder / "artifacts",
-            "artifact_cache_dir": folder / "cache",
-            "data_dir": folder / "data",
-        }
-    )
-
-
 @pytest.fixture
 def api(settings: Settings, s3_url: str, tmp_path: Path) -> Iterator[TestClient]:
     """A client of an app on the bucket, with a train key."""
     key = make_key(settings.database_url, "read", "train")
-    app = create_app(on_bucket(settings, s3_url, tmp_path / "api"))
+    app = create_app(on_bucket(settings, s3_url, BUCKET, tmp_path / "api"))
     with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as client:
         yield client
 
@@ -76,7 +59,8 @@ def test_an_upload_is_unpacked_from_the_bucket_on_a_worker_and_deleted_with_it(
     path = sent.json()["path"]
     assert listed(s3_url, f"uploads/{upload_id}/") == [f"uploads/{upload_id}/archive.zip"]
 
-    worker = on_bucket(settings, s3_url, tmp_path / "worker")  # shares no folder with the API
+    # Another machine: it shares no folder with the API.
+    worker = on_bucket(settings, s3_url, BUCKET, tmp_path / "worker")
     tree = uploads.materialize(worker, {"name": "imagefolder", "path": path})
     assert tree == worker.data_dir / path
     spec = ImageFolderSpec(name="imagefolder", path=path, validation=0)
@@ -90,7 +74,7 @@ def test_an_upload_is_unpacked_from_the_bucket_on_a_worker_and_deleted_with_it(
 def test_a_worker_without_the_store_cannot_unpack_an_upload(
     settings: Settings, tmp_path: Path
 ) -> None:
-    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", tmp_path)
+    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", BUCKET, tmp_path)
     with pytest.raises(StoreUnavailableError):
         uploads.materialize(dead, {"name": "imagefolder", "path": "uploads/" + "a" * 64})
     # Datasets that are no upload, and the local store, need nothing fetched.
@@ -101,7 +85,7 @@ def test_a_worker_without_the_store_cannot_unpack_an_upload(
 def test_an_upload_the_store_cannot_take_is_a_503_and_nothing_is_kept(
     settings: Settings, tmp_path: Path
 ) -> None:
-    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", tmp_path)
+    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", BUCKET, tmp_path)
     key = make_key(settings.database_url, "read", "train")
     names = [f"dots/{label}/{i}.png" for label in ("few", "many") for i in range(2)]
     archive = _zip(names)

@@ -23,7 +23,6 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 from PIL import Image
-from pydantic import SecretStr
 
 from api.app import create_app
 from core import artifacts, jobs
@@ -33,7 +32,7 @@ from core.settings import Settings
 from core.storage import store_for
 from tests import images
 from tests.api.helpers import claim, finish, make_key, new_job
-from tests.services import REDIS_URL, free_port, s3_server
+from tests.services import REDIS_URL, free_port, on_bucket, s3_server
 from tests.worker.support import (
     WorkerProcess,
     checkpoint_rows,
@@ -60,21 +59,6 @@ BUCKET = "resnet-test-artifacts"
 STEPS_PER_EPOCH = 22  # digits, batch 64, no validation split
 EPOCHS = 6
 PREDICT = "/api/v1/predict"
-
-
-def store_settings(settings: Settings, endpoint: str, folder: Path) -> Settings:
-    """`settings` with the bucket at `endpoint` as the store, and folders of its own."""
-    return settings.model_copy(
-        update={
-            "artifact_store": "s3",
-            "s3_endpoint_url": endpoint,
-            "s3_bucket": BUCKET,
-            "s3_access_key_id": "test",
-            "s3_secret_access_key": SecretStr("test"),
-            "artifact_dir": folder / "artifacts",
-            "artifact_cache_dir": folder / "cache",
-        }
-    )
 
 
 def store_env(settings: Settings) -> dict[str, str]:
@@ -125,8 +109,8 @@ def trained(base: Settings, s3_url: str, tmp_path_factory: pytest.TempPathFactor
     """A train job checkpointed to the bucket by one worker, killed (kill -9) after two
     checkpoints, and finished by another: no two of them share a folder."""
     url = base.database_url
-    first = store_settings(base, s3_url, tmp_path_factory.mktemp("first"))
-    second = store_settings(base, s3_url, tmp_path_factory.mktemp("second"))
+    first = on_bucket(base, s3_url, BUCKET, tmp_path_factory.mktemp("first"))
+    second = on_bucket(base, s3_url, BUCKET, tmp_path_factory.mktemp("second"))
     workers = [WorkerProcess("first", store_env(first), first.artifact_dir.parent / "log")]
     try:
         workers[0].wait_ready()
@@ -186,7 +170,7 @@ def test_a_second_worker_resumes_from_the_bucket_on_one_step_axis(
 def test_an_evaluate_job_reads_the_best_checkpoint_from_the_bucket(
     base: Settings, trained: uuid.UUID, s3_url: str, tmp_path: Path
 ) -> None:
-    evaluator = store_settings(base, s3_url, tmp_path)  # a machine that never trained it
+    evaluator = on_bucket(base, s3_url, BUCKET, tmp_path)  # a machine that never trained it
     spec = EvaluateJobSpec.model_validate(
         {
             "kind": "evaluate",
@@ -215,10 +199,10 @@ def test_a_loaded_model_serves_on_while_the_store_is_down_an_unloaded_one_is_a_5
     base: Settings, trained: uuid.UUID, s3_url: str, tmp_path: Path
 ) -> None:
     # The trained job's objects, copied to a server of this test's own, which then stops.
-    source = store_settings(base, s3_url, tmp_path / "source")
+    source = on_bucket(base, s3_url, BUCKET, tmp_path / "source")
     unloaded = stored_elsewhere(base)
     with contextlib.ExitStack() as server:
-        settings = store_settings(base, server.enter_context(s3_server()), tmp_path / "api")
+        settings = on_bucket(base, server.enter_context(s3_server()), BUCKET, tmp_path / "api")
         for row in checkpoint_rows(base.database_url, trained):
             fetched = artifacts.local_file(source, row.path, row.sha256)
             store_for(settings).put(row.path, fetched, row.sha256)
@@ -246,7 +230,7 @@ def test_a_loaded_model_serves_on_while_the_store_is_down_an_unloaded_one_is_a_5
 def test_the_api_serves_from_the_bucket_and_a_deleted_job_leaves_no_object(
     base: Settings, trained: uuid.UUID, s3_url: str, bucket: S3Client, tmp_path: Path
 ) -> None:
-    settings = store_settings(base, s3_url, tmp_path / "api")
+    settings = on_bucket(base, s3_url, BUCKET, tmp_path / "api")
     best = next(row for row in checkpoint_rows(base.database_url, trained) if row.is_best)
     with admin_client(settings) as api:
         answer = api.post(PREDICT, params={"model": str(trained)}, files=digit_files())
@@ -265,7 +249,7 @@ def test_a_store_that_stays_down_hands_a_running_job_back(
     db = broker.connection_pool.connection_kwargs["db"]
     # Nothing listens at the store's address; the hand-back's message goes to a queue of
     # the test's own.
-    dead = store_settings(base, f"http://127.0.0.1:{free_port()}", tmp_path)
+    dead = on_bucket(base, f"http://127.0.0.1:{free_port()}", BUCKET, tmp_path)
     dead = dead.model_copy(update={"broker_url": f"{REDIS_URL}/{db}"})
     job_id = submit_queued(dead)
     started = time.monotonic()
