@@ -91,10 +91,7 @@ class PredictShed:
                 if (principal is None or principal.allows("predict")) and caller.sees(
                     target.owner_key_id
                 ):
-                    message = (
-                        f"the model's request queue is full ({cache.max_admitted} requests); "
-                        f"retry in {RETRY_AFTER_S} s"
-                    )
+                    message = f"{cache.full_message}; retry in {RETRY_AFTER_S} s"
                     retry = {"Retry-After": str(RETRY_AFTER_S)}
                     # Kept alive: a client that retries must not pay for a new connection.
                     await answer(send, 503, "unavailable", message, retry, close=False)

@@ -52,6 +52,11 @@ class ModelCache:
         """Whether the model has no request place free now."""
         return self.admitted[sha256] >= self.max_admitted
 
+    @property
+    def full_message(self) -> str:
+        """What a request refused for a full queue is told."""
+        return f"the model's request queue is full ({self.max_admitted} requests)"
+
     def admit(self, sha256: str) -> None:
         """Take one of the model's request places, or raise `Overloaded` when none is free.
 
@@ -59,7 +64,7 @@ class ModelCache:
         costs no parsing, decoding or memory; `release` gives the place back.
         """
         if self.full(sha256):
-            raise Overloaded(f"the model's request queue is full ({self.max_admitted} requests)")
+            raise Overloaded(self.full_message)
         self.admitted[sha256] += 1
 
     def release(self, sha256: str) -> None:

@@ -40,8 +40,12 @@ class Resolved:
 
     def check_visible(self, caller: Caller) -> None:
         """`NotFoundError` when the caller may not read what the reference points at."""
-        noun = f"model {self.model!r} is not registered" if self.model else None
-        check_visible(caller, self.owner_key_id, noun or f"job {self.ref} does not exist")
+        missing = (
+            f"model {self.model!r} is not registered"
+            if self.model
+            else f"job {self.ref} does not exist"
+        )
+        check_visible(caller, self.owner_key_id, missing)
 
 
 def register(
