@@ -77,6 +77,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default="queued")
     name: Mapped[str | None] = mapped_column(String(200))
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    note: Mapped[str | None] = mapped_column(Text)  # free text, editable after the run
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     model_name: Mapped[str | None] = mapped_column(String(100))
     model_family: Mapped[str | None] = mapped_column(String(32))
@@ -256,6 +257,30 @@ class ModelVersion(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+
+class ModelExport(Base):
+    """A registered version in a deployment format (onnx, torchscript, torch_export), as
+    stored after its check against the eager net: where it lies, its sha256, how close."""
+
+    __tablename__ = "model_export"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("model_version.id", ondelete="CASCADE"))
+    format: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(Text)  # an artifact path or store key
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    # The check before storing: max |p_export - p_eager| over a batch, and its bound.
+    max_abs_diff: Mapped[float] = mapped_column(Double)
+    tolerance: Mapped[float] = mapped_column(Double)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # opset, batch, ...
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(  # the key that exported it
+        ForeignKey("api_key.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("version_id", "format"),)
 
 
 class ModelAlias(Base):
