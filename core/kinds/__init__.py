@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 from pydantic import Field
 
 from core.errors import InvalidError
-from core.kinds import evaluate, train
+from core.kinds import evaluate, predict, train
 from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext, register
 from core.kinds.evaluate import EvaluateJobSpec
+from core.kinds.predict import PredictJobSpec
 from core.kinds.train import TrainJobSpec
 
 __all__ = [
@@ -23,16 +24,19 @@ __all__ = [
     "JobKind",
     "JobSpec",
     "KindSpec",
+    "PredictJobSpec",
     "RowFacts",
     "RunContext",
     "TrainJobSpec",
     "evaluate",
     "get",
+    "predict",
     "train",
 ]
 
 register(train.KIND)
 register(evaluate.KIND)
+register(predict.KIND)
 
 
 def get(name: str) -> JobKind[Any]:

@@ -65,6 +65,8 @@ class JobKind(Generic[S]):
     """One kind of job: its spec type, its row facts, and its run (returning the summary).
 
     A summary with `"stopped": true` means the run stopped early (a cancel or a time limit).
+    `record` may pin in the spec what it names at submission (a predict job's checkpoint):
+    the stored spec keeps it.
     """
 
     name: str

@@ -47,7 +47,7 @@ def echo_kind() -> Iterator[JobKind[EchoSpec]]:
 
 
 def test_each_kind_is_registered_under_the_kind_its_spec_names() -> None:
-    assert list(kinds.KINDS) == ["train", "evaluate"]
+    assert list(kinds.KINDS) == ["train", "evaluate", "predict"]
     for name, kind in kinds.KINDS.items():
         assert typing.get_args(kind.spec.model_fields["kind"].annotation) == (name,)
 
@@ -63,14 +63,36 @@ def test_the_job_spec_is_the_union_of_the_registered_specs() -> None:
         {"kind": "evaluate", "source_job": source, "dataset": {"name": "digits"}}
     )
     assert isinstance(evaluate, kinds.EvaluateJobSpec)
+    predict = adapter.validate_python(
+        {"kind": "predict", "model": "digits-net@production", "dataset": {"name": "digits"}}
+    )
+    assert isinstance(predict, kinds.PredictJobSpec)
+    assert (predict.top_k, predict.batch_size, predict.formats) == (5, 256, ("csv",))
     with pytest.raises(ValidationError, match="echo"):
         adapter.validate_python({"kind": "echo", "text": "hi"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"batch_size": 4096}, "batch_size"),
+        ({"format": "parquet"}, "format"),
+        ({"dataset": {"name": "imagenet"}}, "dataset"),
+        ({"dataset": {"name": "imagefolder", "path": "../elsewhere"}}, "relative to the data root"),
+        ({"resources": {"device": "gpu", "gpus": 2}}, "one device"),
+    ],
+)
+def test_a_predict_spec_refuses_what_it_cannot_run(fields: dict[str, Any], message: str) -> None:
+    spec = {"kind": "predict", "model": "m", "dataset": {"name": "digits"}, **fields}
+    with pytest.raises(ValidationError, match=message):
+        kinds.PredictJobSpec.model_validate(spec)
 
 
 def test_a_name_is_registered_once_and_an_unknown_one_is_named() -> None:
     with pytest.raises(ValueError, match="registered already"):
         register(kinds.KINDS["train"])
-    with pytest.raises(InvalidError, match="kinds are train, evaluate"):
+    with pytest.raises(InvalidError, match="kinds are train, evaluate, predict"):
         kinds.get("finetune")
 
 

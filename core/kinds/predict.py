@@ -1,0 +1,257 @@
+"""The predict kind: a model's top-k classes for every image of a dataset split, as files.
+
+The model reference (a train job id, `name`, `name/3` or `name@alias`) is resolved on
+submission and the checkpoint it names pinned in the stored spec (`resolved`): moving an
+alias later changes nothing about a queued or finished job. The run writes
+`predictions.csv` and/or `predictions.jsonl`, and `confusion.json` when the dataset's
+classes are the model's (`training.batch_predict`), into the job's folder, puts them to the
+object store when there is one, and lists them (name, bytes, sha256) in its summary's
+`artifacts`. A retried predict job starts over and rewrites its files whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+import models
+from core import admission, artifacts, model_registry, resources, uploads
+from core.db.tables import Job, Upload
+from core.errors import ConflictError, InvalidError, NotFoundError
+from core.kinds.base import JobKind, RowFacts, RunContext
+from core.kinds.train import training_spec
+from core.owners import ANYONE, Caller
+from core.resources import ResourcesSpec
+from core.settings import get_settings
+from training.batch_predict import Format, Prediction, images_of, predict_split
+from training.checkpoints import sha256_of
+from training.predictor import Predictor
+from training.runs import json_safe
+from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
+
+
+class PinnedModel(Spec):
+    """The checkpoint a model reference named on submission: what the job runs."""
+
+    ref: str
+    job_id: uuid.UUID
+    model: str | None = None
+    version: int | None = None
+    step: int = Field(ge=0, le=INT32_MAX)
+    path: str
+    sha256: str
+
+
+class PredictJobSpec(Spec):
+    """Predict the classes of every image of a dataset split with a model."""
+
+    kind: Literal["predict"]
+    name: str | None = Field(None, max_length=200)
+    tags: tuple[Tag, ...] = Field((), max_length=20)
+    model: str = Field(
+        max_length=300,
+        description="A train job id, or a registered model: name, name/VERSION, name@ALIAS.",
+    )
+    dataset: DatasetSpec
+    top_k: int = Field(5, ge=1, le=100, description="Classes a row names (at most all).")
+    batch_size: int = Field(
+        256, ge=1, le=admission.EVALUATE_BATCH, description="Images per forward pass."
+    )
+    format: Literal["csv", "jsonl", "both"] = Field(
+        "csv", description="csv: top-k per row; jsonl: also every class's probability."
+    )
+    resolved: PinnedModel | None = Field(
+        None, description="Filled in on submission: the checkpoint `model` named then."
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec,
+        description="What the job needs of a worker (default any: one pass over the split); "
+        "the stored spec has it filled in.",
+    )
+
+    @model_validator(mode="after")
+    def _one_device(self) -> PredictJobSpec:
+        used = resources.resolve(self.resources, macs=0)
+        if (used.gpus or 0) > 1:
+            raise ValueError(
+                f"a prediction runs on one device: gpus must be 0 or 1, not {used.gpus}"
+            )
+        object.__setattr__(self, "resources", used)
+        return self
+
+    @property
+    def formats(self) -> tuple[Format, ...]:
+        """The files the job writes, by format."""
+        return ("csv", "jsonl") if self.format == "both" else (self.format,)
+
+
+def resolve_model(session: Session, ref: str, caller: Caller = ANYONE) -> model_registry.Resolved:
+    """What `ref` names if the caller may read it; else `InvalidError` saying why not."""
+    where = ("body", "model")
+    try:
+        target = model_registry.resolve(session=session, ref=ref)
+        target.check_visible(caller)
+    except (NotFoundError, ConflictError, InvalidError) as error:
+        raise InvalidError(error.message, field=where) from None
+    return target
+
+
+def check_upload(session: Session, dataset: DatasetSpec, caller: Caller = ANYONE) -> None:
+    """`InvalidError` when the dataset is an upload that the caller cannot read (or none)."""
+    upload_id = uploads.upload_of(dataset.model_dump())
+    if upload_id is None:
+        return
+    owners = session.scalars(select(Upload.owner_key_id).where(Upload.sha256 == upload_id))
+    if not any(caller.sees(owner) for owner in owners):
+        raise InvalidError(
+            f"dataset.path names upload {upload_id}, which does not exist; upload an "
+            "archive with POST /api/v1/datasets and use the path it answers",
+            field=("body", "dataset", "path"),
+        )
+
+
+def check_access(session: Session, spec: PredictJobSpec, caller: Caller) -> None:
+    """A 422 unless the caller may read the model and the uploaded dataset the spec names."""
+    resolve_model(session, spec.model, caller)
+    check_upload(session, spec.dataset, caller)
+
+
+def record(session: Session, spec: PredictJobSpec) -> RowFacts:
+    """The model's net and the dataset; pins the checkpoint the reference names now."""
+    target = resolve_model(session, spec.model)
+    check_upload(session, spec.dataset)
+    source = session.get(Job, target.job_id)
+    if source is None:
+        raise InvalidError(f"the job of {spec.model!r} is gone", field=("body", "model"))
+    trained = training_spec(source.spec)
+    evaluated = admission.shape_of(spec.dataset)
+    classes = admission.shape_of(trained.dataset).num_classes
+    admission.check_evaluate(
+        trained, dataclasses.replace(evaluated, num_classes=classes), get_settings()
+    )
+    pinned = PinnedModel(
+        ref=spec.model,
+        job_id=target.job_id,
+        model=target.model,
+        version=target.version,
+        step=target.step,
+        path=target.path,
+        sha256=target.sha256,
+    )
+    object.__setattr__(spec, "resolved", pinned)  # the stored spec holds what runs
+    return RowFacts(
+        dataset_name=spec.dataset.name,
+        model_name=source.model_name,
+        model_family=source.model_family,
+        depth=source.depth,
+        source_job_id=source.id,
+    )
+
+
+def run(spec: PredictJobSpec, context: RunContext) -> dict[str, Any]:
+    """Predict every image of the split with the pinned checkpoint (verified by its sha256),
+    writing the files into the job's folder (and the object store); returns the summary."""
+    settings, sink, pinned = context.settings, context.sink, spec.resolved
+    # Only files the service wrote are ever opened, never a path from elsewhere.
+    if pinned is None or not artifacts.is_stored(settings, pinned.path):
+        raise InvalidError(f"job {context.job_id}: its spec names no checkpoint of the service")
+    path = artifacts.local_file(settings, pinned.path, pinned.sha256)  # fetched from a bucket
+    predictor = Predictor(path, sha256=pinned.sha256, device=context.device, fold=True)
+    images = images_of(
+        spec.dataset, predictor.info, data_root=settings.data_dir, download=settings.allow_downloads
+    )
+    context.set_budget(len(images), _macs_per_image(predictor))
+    split = spec.dataset.split
+    sink.on_event(
+        "info",
+        f"predicting {len(images)} images of {spec.dataset.name} ({split}) with {pinned.ref} "
+        f"(job {pinned.job_id}, step {pinned.step}) on {context.device}",
+    )
+    started = time.perf_counter()
+    out_dir = artifacts.job_dir(settings, context.job_id)
+    result = predict_split(
+        predictor,
+        images,
+        out_dir=out_dir,
+        formats=spec.formats,
+        top_k=spec.top_k,
+        batch_size=spec.batch_size,
+        sink=sink,
+    )
+    if result.stopped:
+        return {"stopped": True, "images": result.images, "total_images": len(images)}
+    if result.error is not None and result.top_k_error is not None:
+        sink.on_metrics(
+            result.images,
+            0.0,
+            {
+                f"{split}/error": result.error,
+                f"{split}/top{result.top_k}_error": result.top_k_error,
+            },
+        )
+    listed = [_publish(context, file) for file in result.files]
+    return summary(spec, result, listed, time.perf_counter() - started)
+
+
+def _macs_per_image(predictor: Predictor) -> float:
+    """The net's multiply-accumulates for one image (the worker's time limits)."""
+    info, net = predictor.info, predictor.spec["model"]
+    described = models.describe(
+        net["name"],
+        num_classes=info.num_classes,
+        in_channels=info.channels,
+        input_size=info.image_size[0],
+        **net.get("options", {}),
+    )
+    return float(described["macs"])
+
+
+def _publish(context: RunContext, file: Path) -> dict[str, Any]:
+    """Put a written file to the object store (the local store holds it already); its entry
+    in the summary's `artifacts`."""
+    sha256 = sha256_of(file)
+    artifacts.put_job_file(context.settings, context.job_id, file, sha256)
+    return {"name": file.name, "bytes": file.stat().st_size, "sha256": sha256}
+
+
+def summary(
+    spec: PredictJobSpec, result: Prediction, listed: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """The job's summary: what ran on what, the errors when labelled, and the files."""
+    pinned = spec.resolved
+    assert pinned is not None
+    test_error = result.error if spec.dataset.split == "test" else None
+    found: dict[str, Any] = json_safe(
+        {
+            "model": pinned.model_dump(mode="json", exclude={"path"}),
+            "dataset": spec.dataset.name,
+            "split": spec.dataset.split,
+            "images": result.images,
+            "labelled": result.labelled,
+            "top_k": result.top_k,
+            "error": result.error,
+            "top_k_error": result.top_k_error,
+            "final_test_error": test_error,
+            "best_test_error": test_error,
+            "images_per_s": result.images_per_s,
+            "wall_time_s": wall_s,
+            "artifacts": listed,
+        }
+    )
+    return found
+
+
+KIND = JobKind(
+    name="predict",
+    description="Predict the classes of every image of a dataset split with a model.",
+    spec=PredictJobSpec,
+    record=record,
+    run=run,
+)

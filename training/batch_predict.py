@@ -1,0 +1,248 @@
+"""Batch prediction: a checkpoint's top-k classes for every image of a dataset split.
+
+Rows come in file order, one per image: `file` (the image's path below the dataset's
+folder, or `<split>/<index>` for a dataset held as arrays, such as CIFAR), `label` (the
+dataset's class name), then the top-k classes. `predictions.csv` has `pred_1, prob_1 ...
+pred_k, prob_k` (class names and probabilities); each line of `predictions.jsonl` has the
+top-k's names, indices and probabilities and the whole probability vector. When the
+dataset's classes are the model's, `confusion.json` holds the confusion matrix (rows: true
+class, columns: predicted) and the result the top-1 and top-k errors.
+
+Every file is written under a temporary name and renamed once complete: a reader sees the
+whole file or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from training.data import DatasetInfo, FileSplit, TensorSplit
+from training.datasets import load_dataset, read_image
+from training.datasets.archives import MAX_BYTES, MAX_ENTRIES
+from training.datasets.imagefolder import find_tree
+from training.events import EventSink
+from training.predictor import Predictor
+from training.specs import DatasetSpec, ImageFolderSpec
+
+Format = Literal["csv", "jsonl"]
+FILES: dict[Format, str] = {"csv": "predictions.csv", "jsonl": "predictions.jsonl"}
+CONFUSION = "confusion.json"
+TEMP_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class Images:
+    """A split's images in file order: names, labels (the dataset's class indices), the
+    dataset's classes, and a reader of the uint8 images in [start, stop)."""
+
+    names: list[str]
+    labels: Tensor
+    classes: tuple[str, ...]
+    read: Callable[[int, int], Tensor]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a batch prediction wrote and measured; errors only when labels are the model's."""
+
+    images: int
+    top_k: int  # the classes a row names: at most all
+    labelled: bool
+    error: float | None
+    top_k_error: float | None
+    files: list[Path]
+    images_per_s: float
+    stopped: bool
+
+
+def images_of(
+    dataset: DatasetSpec, info: DatasetInfo, *, data_root: Path, download: bool = False
+) -> Images:
+    """The images of `dataset.split`, as the checkpoint whose data is `info` takes them."""
+    if isinstance(dataset, ImageFolderSpec):
+        # Read from the files, whatever their number: their names are the rows' keys.
+        dataset = dataset.model_copy(update={"in_memory": False})
+    data = load_dataset(dataset, data_root=data_root, download=download)
+    split = data.split(dataset.split)
+    if len(split) == 0:
+        raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
+    if isinstance(split, FileSplit):
+        assert isinstance(dataset, ImageFolderSpec), "only an ImageFolder is read from files"
+        tree = find_tree(dataset, data_root, max_entries=MAX_ENTRIES, max_bytes=MAX_BYTES)
+        return _files(split, tree, info, data.info.classes)
+    return _arrays(split, dataset.split, info, data.info)
+
+
+def _files(split: FileSplit, tree: Path, info: DatasetInfo, classes: tuple[str, ...]) -> Images:
+    """A file split sorted by path; each image decoded to the checkpoint's channels and size."""
+    order = sorted(range(len(split)), key=lambda index: split.paths[index])
+    paths = [split.paths[index] for index in order]
+
+    def read(start: int, stop: int) -> Tensor:
+        chunk = [read_image(path, info.channels, info.image_size) for path in paths[start:stop]]
+        return torch.from_numpy(np.stack(chunk))
+
+    names = [path.relative_to(tree).as_posix() for path in paths]
+    return Images(names, split.labels[order], classes, read)
+
+
+def _arrays(split: TensorSplit, name: str, info: DatasetInfo, data: DatasetInfo) -> Images:
+    """An in-memory split in its stored order, named `<split>/<index>`."""
+    if (data.channels, data.image_size) != (info.channels, info.image_size):
+        height, width = data.image_size
+        raise ValueError(
+            f"{data.name} holds {height}x{width} images with {data.channels} channel(s); the "
+            f"model takes {info.image_size[0]}x{info.image_size[1]} with {info.channels}"
+        )
+    names = [f"{name}/{index}" for index in range(len(split))]
+    return Images(names, split.labels, data.classes, lambda start, stop: split.images[start:stop])
+
+
+class Rows:
+    """The prediction files being written, under temporary names until `commit`."""
+
+    def __init__(
+        self, folder: Path, formats: tuple[Format, ...], classes: tuple[str, ...], top_k: int
+    ) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.classes, self.top_k = classes, top_k
+        self.targets = [folder / FILES[form] for form in formats]
+        self.temps = [_temp_of(target) for target in self.targets]
+        self.handles: dict[Format, TextIO] = {
+            form: temp.open("w", newline="") for form, temp in zip(formats, self.temps, strict=True)
+        }
+        if "csv" in self.handles:
+            self.csv = csv.writer(self.handles["csv"])
+            ranks = range(1, top_k + 1)
+            self.csv.writerow(
+                ["file", "label", *[f"{kind}_{r}" for r in ranks for kind in ("pred", "prob")]]
+            )
+
+    def write(self, names: list[str], labels: list[str], probabilities: Tensor) -> None:
+        """One row per image of a batch."""
+        values, indices = probabilities.topk(self.top_k, dim=1)
+        tops = zip(indices.tolist(), values.tolist(), strict=True)
+        for row, (name, label, (top, probs)) in enumerate(zip(names, labels, tops, strict=True)):
+            top_names = [self.classes[index] for index in top]
+            if "csv" in self.handles:
+                pairs = [item for pair in zip(top_names, probs, strict=True) for item in pair]
+                self.csv.writerow([name, label, *(_short(item) for item in pairs)])
+            if "jsonl" in self.handles:
+                line = {
+                    "file": name,
+                    "label": label,
+                    "top_k": {"labels": top_names, "indices": top, "probabilities": probs},
+                    "probabilities": probabilities[row].tolist(),
+                }
+                self.handles["jsonl"].write(json.dumps(line) + "\n")
+
+    def commit(self) -> list[Path]:
+        """Flush every file to disk and give it its name; the files' paths."""
+        for handle in self.handles.values():
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        for temp, target in zip(self.temps, self.targets, strict=True):
+            os.replace(temp, target)
+        return list(self.targets)
+
+    def discard(self) -> None:
+        """Close and remove the temporary files (a run that stopped or failed)."""
+        for handle in self.handles.values():
+            handle.close()
+        for temp in self.temps:
+            temp.unlink(missing_ok=True)
+
+
+def _temp_of(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
+
+
+def _short(item: str | float) -> str:
+    """A CSV cell: a class name as is, a probability to 6 significant digits."""
+    return item if isinstance(item, str) else f"{item:.6g}"
+
+
+def write_json(path: Path, record: dict[str, Any]) -> Path:
+    """Write a JSON file atomically; its path."""
+    temp = _temp_of(path)
+    with temp.open("w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    return path
+
+
+@contextlib.contextmanager
+def _rows(
+    folder: Path, formats: tuple[Format, ...], classes: tuple[str, ...], top_k: int
+) -> Iterator[Rows]:
+    """Rows whose files go if the block ends before `commit`."""
+    rows = Rows(folder, formats, classes, top_k)
+    try:
+        yield rows
+    finally:
+        rows.discard()  # after a commit there is nothing left to remove
+
+
+@torch.no_grad()
+def predict_split(
+    predictor: Predictor,
+    images: Images,
+    *,
+    out_dir: Path,
+    formats: tuple[Format, ...],
+    top_k: int,
+    batch_size: int,
+    sink: EventSink,
+) -> Prediction:
+    """Write the predictions of every image (and the confusion matrix, when labelled) to
+    `out_dir`, reporting images done as progress; a sink that asks to stop stops it."""
+    info, total = predictor.info, len(images)
+    labelled = images.classes == info.classes
+    k = min(top_k, info.num_classes)
+    confusion = torch.zeros(info.num_classes, info.num_classes, dtype=torch.int64)
+    top_k_hits, started = 0, time.perf_counter()
+    with _rows(out_dir, formats, info.classes, k) as rows:
+        for start in range(0, total, batch_size):
+            if sink.should_stop():
+                return Prediction(start, k, labelled, None, None, [], 0.0, stopped=True)
+            stop = min(start + batch_size, total)
+            probabilities = predictor.probabilities(images.read(start, stop))
+            labels = images.labels[start:stop]
+            names = [images.classes[index] for index in labels.tolist()]
+            rows.write(images.names[start:stop], names, probabilities)
+            if labelled:
+                predicted = probabilities.argmax(1)
+                confusion += torch.bincount(
+                    labels * info.num_classes + predicted, minlength=info.num_classes**2
+                ).view_as(confusion)
+                hits = probabilities.topk(k, dim=1).indices.eq(labels[:, None]).any(1)
+                top_k_hits += int(hits.sum())
+            sink.on_progress(stop, total)
+        files = rows.commit()
+    elapsed = max(time.perf_counter() - started, 1e-9)
+    if not labelled:
+        return Prediction(total, k, False, None, None, files, total / elapsed, stopped=False)
+    matrix = {"classes": list(info.classes), "matrix": confusion.tolist()}
+    files.append(write_json(out_dir / CONFUSION, matrix))
+    error = 1 - int(confusion.diag().sum()) / total
+    top_k_error = 1 - top_k_hits / total
+    return Prediction(total, k, True, error, top_k_error, files, total / elapsed, stopped=False)
