@@ -1,6 +1,6 @@
 """Read-side queries: the job list (keyset pages), downsampled curves, a job's live tail.
 
-Portable between Postgres and SQLite; only the tag filter differs by dialect.
+Portable between Postgres and SQLite; the tag filter and JSON paths differ by dialect.
 """
 
 from __future__ import annotations
@@ -29,22 +29,12 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import InstrumentedAttribute, Session, defer
+from sqlalchemy.orm import Session, defer
 
+from api import search
 from api.schemas import JobState, LogLine
 from core.db.tables import Event, Job, Metric
 from core.errors import InvalidError
-
-# sort name -> (column, descending); ties are broken by id in the same direction.
-SORTS: dict[str, tuple[InstrumentedAttribute[Any], bool]] = {
-    "created": (Job.created_at, False),
-    "-created": (Job.created_at, True),
-    "finished": (Job.finished_at, False),
-    "-finished": (Job.finished_at, True),
-    "best_test_error": (Job.best_test_error, False),
-    "-best_test_error": (Job.best_test_error, True),
-}
-_NULLABLE = {"finished", "best_test_error"}
 
 
 @dataclass(frozen=True)
@@ -56,33 +46,46 @@ class JobFilter:
     model: str | None = None
     family: str | None = None
     dataset: str | None = None
-    tag: str | None = None
+    tags: Sequence[str] = ()  # every one of them
     q: str | None = None
     study: uuid.UUID | None = None
     owner: uuid.UUID | None = None  # only this API key's jobs
+    where: Sequence[search.Condition] = ()  # filter expressions, all of them
 
 
 def list_jobs(
-    *, session: Session, filters: JobFilter, sort: str, limit: int, cursor: str | None
+    *,
+    session: Session,
+    filters: JobFilter,
+    sort: str,
+    limit: int,
+    cursor: str | None,
+    documents: bool = False,
 ) -> tuple[list[Job], str | None]:
-    """One page of jobs after `cursor`, and the cursor of the next page (None at the end)."""
-    column, descending = SORTS[sort]
-    nullable = sort.lstrip("-") in _NULLABLE
+    """One page of jobs after `cursor`, and the cursor of the next page (None at the end).
+
+    `sort` is a sort key of `api.search` (nulls last, ties by id); `documents` loads each
+    job's spec and summary too."""
+    key = search.parse_sort(sort)
     dialect = session.get_bind().dialect.name
-    # The runs table shows neither the spec nor the whole summary: leave them in the table.
-    query = select(Job).options(defer(Job.spec), defer(Job.summary))
+    column = search.sort_expression(key.field, dialect)
+    nullable = key.field.column != "created_at"
+    query = select(Job, column.label("sort_key"))
+    if not documents:  # the runs table shows neither the spec nor the whole summary
+        query = query.options(defer(Job.spec), defer(Job.summary))
     query = query.where(*_conditions(filters, dialect))
     if cursor is not None:
-        value, after_id = decode_cursor(cursor, sort)
-        query = query.where(_after(column, descending, value, after_id, nullable=nullable))
-    order = column.desc() if descending else column.asc()
+        value, after_id = decode_cursor(cursor, key)
+        query = query.where(_after(column, key.descending, value, after_id, nullable=nullable))
+    order = column.desc() if key.descending else column.asc()
     if nullable:
         order = order.nulls_last()
-    query = query.order_by(order, Job.id.desc() if descending else Job.id.asc())
-    rows = list(session.scalars(query.limit(limit + 1)))
+    query = query.order_by(order, Job.id.desc() if key.descending else Job.id.asc())
+    rows = session.execute(query.limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, encode_cursor(sort, rows[-1]) if more else None
+    last = rows[-1] if more else None
+    return [row[0] for row in rows], None if last is None else encode_cursor(sort, *last)
 
 
 def _conditions(filters: JobFilter, dialect: str) -> list[ColumnElement[bool]]:
@@ -99,10 +102,10 @@ def _conditions(filters: JobFilter, dialect: str) -> list[ColumnElement[bool]]:
         Job.owner_key_id: filters.owner,
     }
     conditions += [column == value for column, value in equal.items() if value is not None]
-    if filters.tag is not None:
-        conditions.append(_has_tag(filters.tag, dialect))
+    conditions += [_has_tag(tag, dialect) for tag in filters.tags]
     if filters.q:
-        conditions.append(Job.name.ilike(f"%{_escape_like(filters.q)}%", escape="\\"))
+        conditions.append(Job.name.ilike(f"%{search.escape_like(filters.q)}%", escape="\\"))
+    conditions += [search.condition(where, dialect) for where in filters.where]
     return conditions
 
 
@@ -114,12 +117,8 @@ def _has_tag(tag: str, dialect: str) -> ColumnElement[bool]:
     return exists(select(1).select_from(each).where(each.c.value == tag))
 
 
-def _escape_like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 def _after(
-    column: InstrumentedAttribute[Any],
+    column: ColumnElement[Any],
     descending: bool,
     value: Any,
     after_id: uuid.UUID,
@@ -134,17 +133,16 @@ def _after(
     return or_(beyond, column.is_(None)) if nullable else beyond
 
 
-def encode_cursor(sort: str, job: Job) -> str:
-    """An opaque cursor: the sort key and id of the last row of a page."""
-    value = getattr(job, SORTS[sort][0].key)
+def encode_cursor(sort: str, job: Job, value: Any) -> str:
+    """An opaque cursor: the sort and the sort key and id of the last row of a page."""
     if isinstance(value, datetime):
         value = value.isoformat()
     raw = json.dumps([sort, value, str(job.id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, sort: str) -> tuple[Any, uuid.UUID]:
-    """The (sort key, id) of a cursor; `InvalidError` when it is not one of `sort`'s."""
+def decode_cursor(cursor: str, key: search.SortKey) -> tuple[Any, uuid.UUID]:
+    """The (sort key, id) of a cursor; `InvalidError` when it is not one of `key`'s."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         parts = json.loads(raw)
@@ -153,11 +151,12 @@ def decode_cursor(cursor: str, sort: str) -> tuple[Any, uuid.UUID]:
     if not isinstance(parts, list) or len(parts) != 3:
         raise _bad_cursor("it is not a [sort, value, id] list")
     cursor_sort, value, job_id = parts
-    if cursor_sort != sort:
+    if cursor_sort != key.name:
         raise InvalidError(
-            f"cursor belongs to sort={cursor_sort}, not sort={sort}", field=("query", "cursor")
+            f"cursor belongs to sort={cursor_sort}, not sort={key.name}",
+            field=("query", "cursor"),
         )
-    return _cursor_value(value, sort), _cursor_id(job_id)
+    return _cursor_value(value, key.field), _cursor_id(job_id)
 
 
 def _cursor_id(job_id: Any) -> uuid.UUID:
@@ -170,26 +169,25 @@ def _cursor_id(job_id: Any) -> uuid.UUID:
     raise _bad_cursor("its id is not a job id")
 
 
-def _cursor_value(value: Any, sort: str) -> Any:
-    """The sort key of a cursor: an ISO time for the times, a number for errors, or null."""
-    key = sort.lstrip("-")
+def _cursor_value(value: Any, field: search.Field) -> Any:
+    """The sort key of a cursor: an ISO time for the times, a number otherwise, or null."""
     if value is None:
-        if key not in _NULLABLE:
-            raise _bad_cursor(f"its {key} value is null")
+        if field.column == "created_at":
+            raise _bad_cursor(f"its {field.name} value is null")
         return None
-    if key in ("created", "finished"):
+    if field.is_time:
         if isinstance(value, str):
             try:
                 return datetime.fromisoformat(value)
             except ValueError:
                 pass
-        raise _bad_cursor(f"its {key} value is not an ISO time")
+        raise _bad_cursor(f"its {field.name} value is not an ISO time")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad_cursor(f"its {key} value is not a number")
+        raise _bad_cursor(f"its {field.name} value is not a number")
     try:
         return float(value)
     except OverflowError:
-        raise _bad_cursor(f"its {key} value is out of range") from None
+        raise _bad_cursor(f"its {field.name} value is out of range") from None
 
 
 def _bad_cursor(why: str) -> InvalidError:

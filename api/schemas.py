@@ -8,15 +8,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api import search
 from core import resources, uploads, workers
 from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
 from core.kinds import KINDS
+from training.specs import Tag
 
 Scope = Literal["read", "train", "predict", "admin"]
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-JobSort = Literal[
-    "created", "-created", "finished", "-finished", "best_test_error", "-best_test_error"
-]
 API_PREFIX = "/api/v1"
 
 
@@ -89,6 +88,7 @@ class JobItem(BaseModel):
     status: JobStatus
     name: str | None
     tags: list[str]
+    note: str | None = Field(None, description="Free text, editable (PATCH the job).")
     model: str | None
     family: str | None
     depth: int | None
@@ -142,7 +142,7 @@ class JobOut(JobItem):
 
 def _job_fields(job: Job) -> dict[str, Any]:
     columns = (
-        *("id", "kind", "status", "name", "tags", "depth", "attempt", "max_attempts"),
+        *("id", "kind", "status", "name", "tags", "note", "depth", "attempt", "max_attempts"),
         *("worker", "device", "error", "cancel_requested"),
         *("created_at", "started_at", "finished_at"),
     )
@@ -210,8 +210,8 @@ class LogLine(BaseModel):
         return cls.model_validate(row)
 
 
-class JobQuery(BaseModel):
-    """The job list's filters, order and page."""
+class JobSearch(BaseModel):
+    """The job list's filters and order (`api.search` has the filter language)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -220,12 +220,27 @@ class JobQuery(BaseModel):
     model: str | None = Field(None, max_length=100, description="Zoo name, e.g. resnet56.")
     family: str | None = Field(None, max_length=32, description="resnet, plain, preact_resnet.")
     dataset: str | None = Field(None, max_length=100)
-    tag: str | None = Field(None, max_length=200)
+    tag: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=20, description="Jobs with every one of these tags."
+    )
     q: str | None = Field(None, max_length=200, description="Text in the job's name.")
     study: uuid.UUID | None = Field(None, description="The jobs of this study.")
-    sort: JobSort = "-created"
-    limit: int = Field(50, ge=1, le=200)
-    cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
+    owner: uuid.UUID | Literal["me"] | None = Field(
+        None, description="The jobs of this API key (its id), or `me`: the caller's."
+    )
+    filter: list[Annotated[str, Field(max_length=400)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="`path op value`, all must hold: best_test_error<0.08, "
+        "model.options.unit=full_preact, recipe.lr>=0.1, summary.best_train_error<0.05, "
+        "dataset.name~cifar, created_at>=2026-11-01. Ops: = != < <= > >= ~ (contains).",
+    )
+    sort: str = Field(
+        "-created",
+        max_length=200,
+        description="created, finished, a summary column, summary.<key> or a spec path "
+        "(recipe.lr); - for descending. Nulls last, ties by id.",
+    )
 
     @field_validator("kind")
     @classmethod
@@ -233,6 +248,86 @@ class JobQuery(BaseModel):
         if kind is not None and kind not in KINDS:
             raise ValueError(f"job kind {kind!r} is unknown; kinds are {', '.join(KINDS)}")
         return kind
+
+    @field_validator("filter")
+    @classmethod
+    def _filters(cls, filters: list[str]) -> list[str]:
+        for text in filters:
+            search.parse_filter(text)
+        return filters
+
+    @field_validator("sort")
+    @classmethod
+    def _sort(cls, sort: str) -> str:
+        search.parse_sort(sort)
+        return sort
+
+    def conditions(self) -> list[search.Condition]:
+        """The filter expressions, parsed."""
+        return [search.parse_filter(text) for text in self.filter]
+
+
+class JobQuery(JobSearch):
+    """The job list's filters, order and page."""
+
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, max_length=1000, description="`next_cursor` of a page.")
+
+
+class JobExportQuery(JobSearch):
+    """The job list as CSV: its filters and order, and the spec or summary paths to add."""
+
+    columns: str | None = Field(
+        None,
+        max_length=2000,
+        description="Comma-separated extra columns: spec.recipe.lr, summary.best_train_error.",
+    )
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, columns: str | None) -> str | None:
+        names = [name.strip() for name in (columns or "").split(",") if name.strip()]
+        if len(names) > MAX_EXTRA_COLUMNS:
+            raise ValueError(f"at most {MAX_EXTRA_COLUMNS} extra columns")
+        for name in names:
+            search.parse_field(name)
+        return ",".join(names) or None
+
+    def fields(self) -> list[search.Field]:
+        """The extra columns, parsed."""
+        return [search.parse_field(name) for name in (self.columns or "").split(",") if name]
+
+
+MAX_EXTRA_COLUMNS = 50
+
+
+class JobEdit(BaseModel):
+    """What may change of a job once made: its tags and its note (left out: unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tags: list[Tag] = Field(default_factory=list, max_length=20)
+    note: str | None = Field(None, max_length=10_000, description="Free text; null clears it.")
+
+    @field_validator("note")
+    @classmethod
+    def _text(cls, note: str | None) -> str | None:
+        if note is not None and "\x00" in note:  # Postgres text cannot hold it
+            raise ValueError("a note cannot hold NUL characters")
+        return note
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: list[str]) -> list[str]:
+        if any("\x00" in tag for tag in tags):
+            raise ValueError("a tag cannot hold NUL characters")
+        return tags
+
+    @model_validator(mode="after")
+    def _something(self) -> JobEdit:
+        if not self.model_fields_set:
+            raise ValueError("nothing to change: give tags, note or both")
+        return self
 
 
 class SessionOut(BaseModel):
@@ -288,6 +383,15 @@ class CheckpointOut(BaseModel):
     def of(cls, row: Checkpoint) -> CheckpointOut:
         """The view of a checkpoint row."""
         return cls.model_validate(row)
+
+
+class ArtifactOut(BaseModel):
+    """A result file of a job (a predict job's predictions), with the sha256 it is checked
+    against on download."""
+
+    name: str = Field(examples=["predictions.csv"])
+    bytes: int
+    sha256: str
 
 
 class ModelOut(BaseModel):
@@ -496,6 +600,43 @@ class RegisteredModelPage(BaseModel):
 
     items: list[RegisteredModelOut]
     next_cursor: str | None
+
+
+ExportFormat = Literal["onnx", "torchscript", "torch_export"]  # training.export.FORMATS
+
+
+class ExportIn(BaseModel):
+    """The deployment format to export a registered version to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: ExportFormat = Field(
+        description="onnx (ONNX Runtime, opset 20), torchscript (torch.jit.load) or "
+        "torch_export (torch.export.load, a .pt2)."
+    )
+
+
+class ExportOut(BaseModel):
+    """A version's stored export: the served net (batch norms folded) with a softmax, from
+    a normalised float32 batch (N, C, H, W), N free, to class probabilities."""
+
+    model: str
+    version: int
+    format: ExportFormat
+    sha256: str
+    bytes: int
+    max_abs_diff: float = Field(
+        description="The check before it was kept: max |p_export - p_eager| over 8 seeded "
+        "images, and over one (the batch axis is free)."
+    )
+    tolerance: float = Field(description="The bound the check held it to.")
+    details: dict[str, Any] = Field(
+        description="softmax, input (shape, mean, std), classes, batches checked, torch "
+        "version; for ONNX the opset and ONNX Runtime version."
+    )
+    file: str = Field(description="Where to download it (streamed, sha256 in a header).")
+    owner: uuid.UUID | None = Field(None, description="The API key that made it (its id).")
+    created_at: datetime
 
 
 class ClassScore(BaseModel):

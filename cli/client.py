@@ -1,4 +1,5 @@
-"""The client of a running service: `submit`, `jobs`, `watch` and `predict`, over HTTP.
+"""The client of a running service: `submit`, `jobs`, `watch`, `predict` and
+`predict-batch`, over HTTP.
 
 The service's address and API key come from --url / --key, else RESNET_URL / RESNET_KEY.
 """
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.formatting import percent
+from cli.formatting import pairs, percent
 from cli.train_options import (
     DatasetFields,
     DatasetName,
@@ -109,19 +110,40 @@ def list_jobs(
     status: Annotated[list[str] | None, typer.Option(help="queued, running, ... (repeat).")] = None,
     model: Annotated[str | None, typer.Option(help="Only this zoo name.")] = None,
     dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
-    tag: Annotated[str | None, typer.Option(help="Only jobs with this tag.")] = None,
-    sort: Annotated[str, typer.Option(help="created, finished, best_test_error; - desc.")] = (
-        "-created"
-    ),
+    tag: Annotated[
+        list[str] | None, typer.Option(help="Only jobs with this tag (repeat: all).")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--filter",
+            help="`path op value` (repeat: all hold), e.g. best_test_error<0.08, "
+            "model.options.unit=full_preact, summary.best_train_error<0.05.",
+        ),
+    ] = None,
+    sort: Annotated[
+        str,
+        typer.Option(help="created, finished, a summary column, summary.<key>, recipe.lr; - desc."),
+    ] = "-created",
     limit: Annotated[int, typer.Option(min=1, max=200)] = 20,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="Every match as CSV on stdout (no limit).")
+    ] = False,
+    columns: Annotated[
+        list[str] | None,
+        typer.Option("--column", help="With --csv: a spec or summary path to add."),
+    ] = None,
     url: Url = None,
     key: Key = None,
 ) -> None:
-    """The service's jobs as a table, newest first."""
+    """The service's jobs as a table, newest first (or as CSV with --csv)."""
+    search: dict[str, Any] = {"status": status or [], "model": model, "dataset": dataset}
+    search |= {"tag": tag or [], "filters": where or [], "sort": sort}
     with connect(url, key) as client:
-        page = client.jobs_page(
-            status=status or [], model=model, dataset=dataset, tag=tag, sort=sort, limit=limit
-        )
+        if as_csv:
+            typer.echo(client.jobs_csv(columns=columns or [], **search), nl=False)
+            return
+        page = client.jobs_page(limit=limit, **search)
     table = Table(title=f"jobs ({sort})")
     for column in (
         "id",
@@ -149,6 +171,26 @@ def list_jobs(
             job["created_at"][:19].replace("T", " "),
         )
     Console(width=None if Console().is_terminal else 160).print(table)
+
+
+def edit(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    tag: Annotated[
+        list[str] | None, typer.Option(help="Its tags become these (repeat); see --no-tags.")
+    ] = None,
+    no_tags: Annotated[bool, typer.Option("--no-tags", help="Remove every tag.")] = False,
+    note: Annotated[str | None, typer.Option(help='Its note ("" clears it).')] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Change a job's tags or note (your own jobs, or any with an admin key)."""
+    if tag is None and not no_tags and note is None:
+        raise typer.BadParameter("nothing to change: give --tag, --no-tags or --note")
+    tags = [] if no_tags else tag
+    with connect(url, key) as client:
+        job = client.update(job_id, tags=tags, note=note)
+    typer.echo(f"{job['id']} tags: {', '.join(job['tags']) or '-'}")
+    typer.echo(f"note: {job.get('note') or '-'}")
 
 
 class _Watch:
@@ -242,3 +284,56 @@ def _prediction_table(result: ImagePrediction) -> Table | str:
     for rank, score in enumerate(result["top_k"], start=1):
         table.add_row(str(rank), score["label"], str(score["index"]), f"{score['probability']:.2%}")
     return table
+
+
+def predict_batch(
+    model: Annotated[
+        str, typer.Argument(help="A train job id, a registered name, name/VERSION or name@ALIAS.")
+    ],
+    dataset: DatasetName = "digits",
+    split: Annotated[str, typer.Option(help="The split to predict: train, val or test.")] = "test",
+    dataset_option: DatasetFields = None,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=100)] = 5,
+    batch_size: Annotated[int, typer.Option(min=1, max=512, help="Images per pass.")] = 256,
+    file_format: Annotated[
+        str, typer.Option("--format", help="csv, jsonl (every probability) or both.")
+    ] = "csv",
+    device: Annotated[
+        str | None, typer.Option(help="What it runs on: cpu, gpu or any (default).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Wait for the job, then download its files here.")
+    ] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Submit a predict job over every image of a dataset split; prints its id (with --out,
+    waits and downloads its predictions and confusion matrix)."""
+    payload: dict[str, Any] = {
+        "kind": "predict",
+        "model": model,
+        "dataset": {"name": dataset, "split": split, **pairs(dataset_option, "--dataset-option")},
+        "top_k": top_k,
+        "batch_size": batch_size,
+        "format": file_format,
+    }
+    if device is not None:
+        payload["resources"] = {"device": device}
+    with connect(url, key) as client:
+        job_id = client.submit(payload)["id"]
+        typer.echo(job_id)
+        if out is None:
+            return
+        finished = client.wait(job_id)
+        if finished["status"] != "succeeded":
+            typer.echo(f"job {job_id} {finished['status']}: {finished['error'] or ''}", err=True)
+            raise typer.Exit(1)
+        out.mkdir(parents=True, exist_ok=True)
+        for artifact in client.artifacts(job_id):
+            saved = client.download_artifact(job_id, artifact["name"], to=out)
+            typer.echo(f"{saved} {artifact['bytes']:,} bytes sha256 {artifact['sha256'][:12]}")
+    summary = finished["summary"] or {}
+    typer.echo(
+        f"{summary.get('images', 0):,} images; error {percent(summary.get('error'))}, "
+        f"top-{summary.get('top_k')} error {percent(summary.get('top_k_error'))}"
+    )

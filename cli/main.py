@@ -1,7 +1,8 @@
 """`resnet-service`: the command line. Every command is registered here, from its module.
 
 - cli.local: `models`, `train`, `evaluate` (no service needed)
-- cli.client: `submit`, `jobs`, `watch`, `predict` (a running service, over HTTP)
+- cli.client: `submit`, `jobs`, `edit`, `watch`, `predict`, `predict-batch` (a running
+  service, over HTTP)
 - cli.study: `study presets|run|show` (the papers' experiments over seeds; a service, or --local)
 - cli.keys: `keys create|list|revoke` (the service's database)
 - cli.server: `migrate`, `worker`, `api`, `up` (running the service)
@@ -27,6 +28,7 @@ app.command("evaluate")(local.evaluate)
 
 app.command("submit")(client.submit)
 app.command("jobs")(client.list_jobs)
+app.command("edit")(client.edit)
 app.command("watch")(client.watch)
 
 keys_app = typer.Typer(help="API keys, written straight to the service's database.")
@@ -36,6 +38,7 @@ keys_app.command("revoke")(keys.revoke_key)
 app.add_typer(keys_app, name="keys")
 
 app.command("predict")(client.predict)
+app.command("predict-batch")(client.predict_batch)
 
 study_app = typer.Typer(help="Studies: the papers' experiments, or any grid, over seeds.")
 study_app.command("presets")(study.list_presets)

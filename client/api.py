@@ -10,6 +10,9 @@ http://127.0.0.1:8000) and RESNET_KEY.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -21,9 +24,10 @@ from uuid import UUID
 import httpx
 from pydantic import BaseModel
 
-from client.errors import ServiceUnreachableError, raise_for
+from client.errors import ClientError, ServiceUnreachableError, raise_for
 from client.models import (
     Alias,
+    Artifact,
     CellResult,
     Checkpoint,
     Event,
@@ -101,7 +105,7 @@ class Client:
     # -- jobs ------------------------------------------------------------------------
 
     def submit(self, spec: Spec, *, idempotency_key: str | None = None) -> Job:
-        """Submit a job (train, evaluate: the spec's `kind`); the queued job."""
+        """Submit a job (train, evaluate, predict: the spec's `kind`); the queued job."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return cast(Job, self._json("POST", "/jobs", json=_spec(spec), headers=headers))
 
@@ -117,18 +121,22 @@ class Client:
         model: str | None = None,
         family: str | None = None,
         dataset: str | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] = (),
         q: str | None = None,
         study: Id | None = None,
+        owner: Id | None = None,
+        filters: Sequence[str] = (),
         sort: str = "-created",
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
-        """One page of jobs; pass its `next_cursor` as `cursor` for the next."""
-        filters = {"kind": kind, "model": model, "family": family, "dataset": dataset}
-        filters |= {"tag": tag, "q": q, "study": str(study) if study else None, "cursor": cursor}
-        params: dict[str, Any] = {name: value for name, value in filters.items() if value}
-        params |= {"status": list(status), "sort": sort, "limit": limit}
+        """One page of jobs; pass its `next_cursor` as `cursor` for the next.
+
+        `filters` are `path op value` expressions, e.g. "best_test_error<0.08",
+        "model.options.unit=full_preact"; `sort` may name a summary key ("-summary.x")."""
+        params = _search(locals()) | {"limit": limit}
+        if cursor:
+            params["cursor"] = cursor
         return cast(JobPage, self._json("GET", "/jobs", params=params))
 
     def jobs(
@@ -139,32 +147,63 @@ class Client:
         model: str | None = None,
         family: str | None = None,
         dataset: str | None = None,
-        tag: str | None = None,
+        tag: str | Sequence[str] = (),
         q: str | None = None,
         study: Id | None = None,
+        owner: Id | None = None,
+        filters: Sequence[str] = (),
         sort: str = "-created",
         page_size: int = 50,
     ) -> Iterator[JobItem]:
         """Every job that passes the filters, page after page as the iterator goes."""
+        asked = locals()
+        search = {name: asked[name] for name in _SEARCH}
         cursor: str | None = None
         while True:
-            page = self.jobs_page(
-                status=status,
-                kind=kind,
-                model=model,
-                family=family,
-                dataset=dataset,
-                tag=tag,
-                q=q,
-                study=study,
-                sort=sort,
-                limit=page_size,
-                cursor=cursor,
-            )
+            page = self.jobs_page(**search, limit=page_size, cursor=cursor)
             yield from page["items"]
             cursor = page["next_cursor"]
             if cursor is None:
                 return
+
+    def jobs_csv(
+        self,
+        *,
+        filters: Sequence[str] = (),
+        sort: str = "-created",
+        columns: Sequence[str] = (),
+        **search: Any,
+    ) -> str:
+        """Every job that passes the filters as CSV text (header row first); `columns` adds
+        spec or summary paths, e.g. "recipe.lr", "summary.best_train_error"; `search`
+        takes the other filters of `jobs` (status, model, tag, ...)."""
+        params = _search({**search, "filters": filters, "sort": sort})
+        if columns:
+            params["columns"] = ",".join(columns)
+        return self._send("GET", "/jobs.csv", params=params).text
+
+    def jobs_frame(
+        self, *, filters: Sequence[str] = (), columns: Sequence[str] = (), **search: Any
+    ) -> pandas.DataFrame:
+        """The filtered job list as a pandas DataFrame, one row per job, indexed by id."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError(
+                "jobs_frame needs pandas: pip install 'resnet-service[pandas]'"
+            ) from error
+        text = self.jobs_csv(filters=filters, columns=columns, **search)
+        frame = pandas.read_csv(io.StringIO(text), parse_dates=["created_at", "finished_at"])
+        return frame.set_index("id")
+
+    def update(
+        self, job_id: Id, *, tags: Sequence[str] | None = None, note: str | None = None
+    ) -> Job:
+        """Replace a job's tags and/or set its note ("" clears it); None leaves either as is."""
+        body: dict[str, Any] = {} if tags is None else {"tags": list(tags)}
+        if note is not None:
+            body["note"] = note
+        return cast(Job, self._json("PATCH", f"/jobs/{job_id}", json=body))
 
     def kinds(self) -> list[Kind]:
         """The job kinds the service takes."""
@@ -265,6 +304,53 @@ class Client:
     def checkpoints(self, job_id: Id) -> list[Checkpoint]:
         """The checkpoints a job keeps, by step."""
         return cast(list[Checkpoint], self._json("GET", f"/jobs/{job_id}/checkpoints"))
+
+    def artifacts(self, job_id: Id) -> list[Artifact]:
+        """The result files a job wrote (a predict job's predictions), with bytes and sha256."""
+        return cast(list[Artifact], self._json("GET", f"/jobs/{job_id}/artifacts"))
+
+    def download_artifact(self, job_id: Id, name: str, *, to: str | Path = ".") -> Path:
+        """Save one of a job's result files into the folder `to` (or as the file `to`),
+        checking the sha256 the service sends; the file's path."""
+        target = Path(to)
+        target = target / name if target.is_dir() else target
+        partial = target.with_name(f".{target.name}.partial")
+        digest = hashlib.sha256()
+        with (
+            self._unreachable(),
+            self._http.stream("GET", f"/jobs/{job_id}/artifacts/{name}") as got,
+        ):
+            if got.is_error:
+                got.read()
+                raise_for(got)
+            with partial.open("wb") as out:
+                for chunk in got.iter_bytes():
+                    digest.update(chunk)
+                    out.write(chunk)
+            expected = got.headers.get("X-Checksum-Sha256")
+        if expected != digest.hexdigest():
+            partial.unlink()
+            raise ClientError(
+                f"{name} of job {job_id} arrived with sha256 {digest.hexdigest()}, not the "
+                f"service's {expected}; download it again"
+            )
+        os.replace(partial, target)
+        return target
+
+    def predictions_frame(self, job_id: Id) -> pandas.DataFrame:
+        """A predict job's rows as a pandas DataFrame (its CSV, else its JSONL)."""
+        try:
+            import pandas
+        except ImportError as error:
+            raise ImportError(
+                "predictions_frame needs pandas: pip install 'resnet-service[pandas]'"
+            ) from error
+        names = {artifact["name"] for artifact in self.artifacts(job_id)}
+        if "predictions.csv" in names:
+            body = self._send("GET", f"/jobs/{job_id}/artifacts/predictions.csv").content
+            return pandas.read_csv(io.BytesIO(body), keep_default_na=False)
+        body = self._send("GET", f"/jobs/{job_id}/artifacts/predictions.jsonl").content
+        return pandas.read_json(io.BytesIO(body), lines=True)
 
     # -- studies ---------------------------------------------------------------------
 
@@ -473,6 +559,25 @@ class _Resume:
 
     def params(self) -> dict[str, int]:
         return {} if self.since_step is None else {"since_step": self.since_step}
+
+
+# The job list's search parameters, as `Client.jobs` names them.
+_SEARCH = (
+    *("status", "kind", "model", "family", "dataset", "tag", "q", "study", "owner"),
+    *("filters", "sort"),
+)
+
+
+def _search(asked: Mapping[str, Any]) -> dict[str, Any]:
+    """The query parameters of the job list's filters and sort, leaving out what is unset."""
+    params: dict[str, Any] = {}
+    for name in _SEARCH:
+        value = asked.get(name)
+        if isinstance(value, str | UUID):
+            params["filter" if name == "filters" else name] = str(value)
+        elif value:
+            params["filter" if name == "filters" else name] = list(value)
+    return params
 
 
 def _spec(spec: Spec) -> Any:

@@ -34,6 +34,7 @@ class JobItem(TypedDict):
     status: str
     name: str | None
     tags: list[str]
+    note: NotRequired[str | None]
     model: str | None
     family: str | None
     depth: int | None
@@ -93,6 +94,12 @@ class Checkpoint(TypedDict):
     is_best: bool
     metrics: dict[str, Any] | None
     created_at: str
+
+
+class Artifact(TypedDict):
+    name: str
+    bytes: int
+    sha256: str
 
 
 @dataclass(frozen=True)

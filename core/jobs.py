@@ -303,6 +303,19 @@ def request_cancel(*, session: Session, job_id: uuid.UUID, caller: Caller = ANYO
     return job
 
 
+def edit(
+    *, session: Session, job_id: uuid.UUID, changes: dict[str, Any], caller: Caller = ANYONE
+) -> Job:
+    """Change a job's tags and note (any status); only its owner or an admin may."""
+    job = _changeable(session, job_id, caller, "edit")
+    if "tags" in changes:
+        job.tags = list(changes["tags"])
+    if "note" in changes:
+        job.note = changes["note"] or None  # an empty note is no note
+    session.flush()
+    return job
+
+
 RETRYABLE = ("failed", "cancelled")
 
 

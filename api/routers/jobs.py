@@ -1,26 +1,30 @@
-"""Jobs: submit, list, read, cancel, delete; a job's curves, checkpoints and live events."""
+"""Jobs: submit, list (and as CSV), read, edit, cancel, delete; curves, checkpoints, events."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api import idempotency, queries
+from api import idempotency, jobs_csv, queries
 from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
 from api.schemas import (
     CheckpointOut,
+    JobEdit,
+    JobExportQuery,
     JobItem,
     JobOut,
     JobPage,
     JobQuery,
+    JobSearch,
     KindOut,
     MetricsOut,
     RetryOut,
@@ -30,8 +34,8 @@ from api.stream import job_events
 from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
-from core.errors import InvalidError
-from core.kinds import KINDS, JobSpec
+from core.errors import InvalidError, NotOwnedError
+from core.kinds import KINDS, JobSpec, PredictJobSpec, predict
 from core.owners import Caller
 from core.queue import enqueue_committed
 from core.studies import service as studies
@@ -76,13 +80,22 @@ def submit(
         if found is None:
             enqueue_committed([job.id], settings=settings)
             return JobOut.of(job)
-    same = found.spec == spec.model_dump(mode="json")
+    same = _as_sent(found.spec) == _as_sent(spec.model_dump(mode="json"))
     idempotency.replay(found, same=same, what="job", response=response)
     return JobOut.of(found)
 
 
+def _as_sent(spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec less what its kind pinned on submission (a predict job's checkpoint)."""
+    return {key: value for key, value in spec.items() if key != "resolved"}
+
+
 def _check_source(session: Session, spec: JobSpec, caller: Caller) -> None:
-    """A job another key's job feeds (an evaluation) needs that job readable by the caller."""
+    """A job another key's job feeds (an evaluation) needs that job readable by the caller;
+    a prediction, the model and the uploaded dataset it names."""
+    if isinstance(spec, PredictJobSpec):
+        predict.check_access(session, spec, caller)
+        return
     source = getattr(spec, "source_job", None)
     if not isinstance(source, uuid.UUID):
         return
@@ -98,25 +111,65 @@ def list_jobs(
     params: Annotated[JobQuery, Query()], session: SessionDep, caller: ReadCaller
 ) -> JobPage:
     """A page of jobs (with READS_OWNER_ONLY, the caller's own); follow `next_cursor`."""
-    filters = queries.JobFilter(
-        statuses=params.status,
-        kind=params.kind,
-        model=params.model,
-        family=params.family,
-        dataset=params.dataset,
-        tag=params.tag,
-        q=params.q,
-        study=params.study,
-        owner=caller.reads_of,
-    )
     rows, next_cursor = queries.list_jobs(
         session=session,
-        filters=filters,
+        filters=_filters(params, caller),
         sort=params.sort,
         limit=params.limit,
         cursor=params.cursor,
     )
     return JobPage(items=[JobItem.of(row) for row in rows], next_cursor=next_cursor)
+
+
+@router.get(
+    ".csv",
+    summary="Export the filtered job list as CSV",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 422)},
+)
+def export_jobs(
+    params: Annotated[JobExportQuery, Query()], settings: SettingsDep, caller: ReadCaller
+) -> StreamingResponse:
+    """Every job the filters pass, in `sort` order, one row each, streamed: id, name, kind,
+    status, model, dataset, tags (`;`-joined), note, times, the summary columns, then the
+    `columns` asked for."""
+    body = jobs_csv.stream(
+        settings.database_url, _filters(params, caller), params.sort, params.fields()
+    )
+    disposition = {"Content-Disposition": 'attachment; filename="jobs.csv"'}
+    return StreamingResponse(body, media_type="text/csv", headers=disposition)
+
+
+def _filters(params: JobSearch, caller: Caller) -> queries.JobFilter:
+    """The list's filters as asked, kept to what the caller may read."""
+    return queries.JobFilter(
+        statuses=params.status,
+        kind=params.kind,
+        model=params.model,
+        family=params.family,
+        dataset=params.dataset,
+        tags=params.tag,
+        q=params.q,
+        study=params.study,
+        owner=_owner(params.owner, caller),
+        where=params.conditions(),
+    )
+
+
+def _owner(asked: uuid.UUID | str | None, caller: Caller) -> uuid.UUID | None:
+    """The owner the list keeps to: the one asked for (`me`: the caller), else any the
+    caller may read; 403 for another's when reads keep to their owner."""
+    if asked == "me":
+        if caller.owner is None:
+            raise InvalidError("owner=me needs an API key; auth is off", field=("query", "owner"))
+        asked = caller.owner
+    reads_of = caller.reads_of
+    if reads_of is not None and asked is not None and asked != reads_of:
+        raise NotOwnedError(
+            "this API key reads only its own jobs (READS_OWNER_ONLY); ask for owner=me or "
+            "leave owner out"
+        )
+    return reads_of if asked is None else uuid.UUID(str(asked))
 
 
 @router.get("/kinds", summary="The job kinds", responses=responses(401, 403))
@@ -129,6 +182,21 @@ def list_kinds(_: ReadKey) -> list[KindOut]:
 def read_job(job_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> JobOut:
     """Status, attempts, timestamps, worker, device, error, progress, summary and spec."""
     return JobOut.of(jobs.get(session=session, job_id=job_id, caller=caller))
+
+
+@router.patch(
+    "/{job_id}", summary="Edit a job's tags and note", responses=responses(401, 403, 404, 422)
+)
+def edit_job(
+    job_id: uuid.UUID, edit: Annotated[JobEdit, Body()], session: SessionDep, caller: TrainCaller
+) -> JobOut:
+    """Replace its tags, set or clear (null) its note; what is left out stays. Any status.
+
+    Only the key that submitted it, or an admin key, may edit it (403)."""
+    changes = edit.model_dump(include=edit.model_fields_set)
+    job = jobs.edit(session=session, job_id=job_id, changes=changes, caller=caller)
+    session.commit()
+    return JobOut.of(job)
 
 
 @router.post(

@@ -75,6 +75,30 @@ def test_jobs_lists_a_table(live_url: str, key: str, settings: Settings) -> None
     assert "unknown or revoked" in unauthorized.stderr
 
 
+def test_jobs_filters_exports_csv_and_edit_changes_a_note(
+    live_url: str, key: str, settings: Settings
+) -> None:
+    tag = f"cli-{uuid.uuid4().hex[:8]}"
+    made = [str(new_job(settings.database_url, tags=[tag], recipe={"lr": lr})) for lr in (0.1, 0.3)]
+    server = ["--url", live_url, "--key", key]
+    args = ["jobs", "--tag", tag, "--filter", "recipe.lr>0.2", "--csv", "--column", "recipe.lr"]
+    result = runner.invoke(app, [*args, *server])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith(",recipe.lr")
+    assert [line.split(",")[0] for line in lines[1:]] == made[1:]
+    bad = runner.invoke(app, ["jobs", "--filter", "recipe.lr<<1", *server])
+    assert bad.exit_code == 2
+    assert "starts with an operator" in bad.stderr
+    with httpx.Client(base_url=live_url, headers={"Authorization": f"Bearer {key}"}) as http:
+        spec = {"kind": "train", "model": {"name": "resnet8"}, "dataset": {"name": "digits"}}
+        mine = http.post("/api/v1/jobs", json=spec).json()["id"]
+    edited = runner.invoke(app, ["edit", mine, "--tag", "keep", "--note", "lr too high", *server])
+    assert edited.exit_code == 0, edited.output
+    assert "keep" in edited.stdout
+    assert "lr too high" in edited.stdout
+
+
 def _work(url: str, job_id: uuid.UUID) -> None:
     token = claim(url, job_id)
     with session_scope(url) as session:

@@ -81,6 +81,23 @@ def test_jobs_pages_through_every_match(service: Client, settings: Settings) -> 
     assert len(list(service.jobs(tag=tag, page_size=2))) == 5  # no page repeats a job
 
 
+def test_jobs_filter_sort_export_and_update(service: Client, settings: Settings) -> None:
+    tag = f"search-{uuid.uuid4().hex[:8]}"
+    made = [str(new_job(settings.database_url, tags=[tag], recipe={"lr": lr})) for lr in (0.1, 0.2)]
+    found = service.jobs(tag=[tag], filters=["recipe.lr>0.15"], sort="-recipe.lr")
+    assert [job["id"] for job in found] == made[1:]
+    frame = service.jobs_frame(tag=tag, sort="recipe.lr", columns=["recipe.lr"])
+    assert list(frame.index) == made
+    assert list(frame["recipe.lr"]) == [0.1, 0.2]
+    assert service.jobs_csv(tag=tag).splitlines()[0].startswith("id,name,kind,status")
+    mine = service.submit({**SMALL, "tags": [tag]})
+    edited = service.update(mine["id"], tags=[tag, "keep"], note="the better lr")
+    assert (edited["tags"], edited["note"]) == ([tag, "keep"], "the better lr")
+    assert service.update(mine["id"], note="")["note"] is None
+    with pytest.raises(ForbiddenError):  # made in the database: no key owns it
+        service.update(made[0], note="mine")
+
+
 def test_refusals_are_exceptions(service: Client, live_url: str, settings: Settings) -> None:
     with pytest.raises(InvalidError) as invalid:
         service.submit({**TRAIN, "model": {"name": "resnet21"}, "recipe": {"lr": -1}})
