@@ -24,6 +24,7 @@ from api.model_process import ServingOptions
 from api.routers import (
     dashboard,
     datasets,
+    exports,
     health,
     jobs,
     keys,
@@ -80,7 +81,9 @@ def _api() -> APIRouter:
     for router in (
         predict.router,
         model_registry.router,
+        exports.router,
         jobs.router,
+        exports.job_files,
         studies.router,
         zoo.router,
         datasets.router,

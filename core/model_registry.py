@@ -132,8 +132,11 @@ def delete_alias(*, session: Session, name: str, alias: str, caller: Caller = AN
     session.delete(row)
 
 
-def delete_version(*, session: Session, name: str, version: int, caller: Caller = ANYONE) -> None:
-    """Remove a version that no alias points to."""
+def delete_version(
+    *, session: Session, name: str, version: int, caller: Caller = ANYONE
+) -> ModelVersion:
+    """Remove a version that no alias points to; the removed row (its exports' files are the
+    caller's to delete, `core.exports.delete_files`)."""
     _changeable(session, name, caller, "delete versions of")
     target = _version(session, name, version)
     aliases = session.scalars(select(ModelAlias.alias).where(ModelAlias.version_id == target.id))
@@ -143,6 +146,7 @@ def delete_version(*, session: Session, name: str, version: int, caller: Caller 
             f"{name}/{version} is served by alias(es) {', '.join(pointing)}; move them first"
         )
     session.delete(target)
+    return target
 
 
 def resolve(*, session: Session, ref: str) -> Resolved:
@@ -209,6 +213,23 @@ def get_model(*, session: Session, name: str, caller: Caller = ANYONE) -> Regist
         raise NotFoundError(missing)
     check_visible(caller, model.owner_key_id, missing)
     return model
+
+
+def get_version(
+    *, session: Session, name: str, version: int, caller: Caller = ANYONE
+) -> ModelVersion:
+    """Version `version` of `name`, or `NotFoundError` (also when the caller may not read it)."""
+    get_model(session=session, name=name, caller=caller)
+    return _version(session, name, version)
+
+
+def changeable_version(
+    *, session: Session, name: str, version: int, caller: Caller, action: str
+) -> ModelVersion:
+    """Version `version` of `name` if the caller may `action` its model (the model's row
+    locked to the end of the transaction); else 404 or `NotOwnedError`."""
+    _changeable(session, name, caller, action)
+    return _version(session, name, version)
 
 
 def _changeable(session: Session, name: str, caller: Caller, action: str) -> RegisteredModel:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Path, Query, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import ReadCaller, RefsDep, SessionDep, TrainCaller
+from api.deps import ReadCaller, RefsDep, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
 from api.model_cache import RefCache
 from api.schemas import (
@@ -22,7 +22,7 @@ from api.schemas import (
     RegistryQuery,
     VersionOut,
 )
-from core import model_registry
+from core import exports, model_registry
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
 
 router = APIRouter(prefix="/registry", tags=["registry"])
@@ -121,19 +121,25 @@ def delete_alias(
     "/{name}/versions/{version}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Remove a version no alias points to",
-    responses=responses(401, 403, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422, 503),
 )
 def delete_version(
     name: str,
     version: Annotated[int, Path(ge=1, le=2**31 - 1)],
     session: SessionDep,
+    settings: SettingsDep,
     refs: RefsDep,
     caller: TrainCaller,
 ) -> None:
-    """Remove the version (its job and checkpoint stay); 409 while an alias points to it.
+    """Remove the version and its exports (its job and checkpoint stay); 409 while an alias
+    points to it.
 
     Only the model's owner (or an admin key) deletes its versions (403)."""
-    model_registry.delete_version(session=session, name=name, version=version, caller=caller)
+    removed = model_registry.delete_version(
+        session=session, name=name, version=version, caller=caller
+    )
+    # Files go before the rows commit: an unreachable store is a 503 that keeps both.
+    exports.delete_files(settings, removed)
     _committed(session, refs)
 
 

@@ -1,0 +1,160 @@
+"""A registered version's exports (ONNX, TorchScript, torch.export), and the files the
+registry hands out.
+
+An export is made once per version and format: the version's checkpoint is loaded, its
+served net written and checked against the eager net (`training.export`), and only an
+export within the bound is put to the artifact store, beside its job's checkpoints:
+
+    jobs/<job id>/exports/<version row id>/model.onnx | model.torchscript.pt | model.pt2
+
+A `model_export` row records its path (a key in a bucket, else the local store's absolute
+path, as checkpoint rows do), sha256, size and the check's figures. Deleting a version
+deletes its exports' files; the rows go with the version (ON DELETE CASCADE).
+Keyword-only service functions over a caller-owned session (the caller commits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core import artifacts, model_registry
+from core.db.tables import ModelExport, ModelVersion
+from core.errors import NotFoundError
+from core.owners import Caller
+from core.settings import Settings
+from core.storage import check_key, store_for
+from training import export
+from training.checkpoints import CheckpointError, sha256_of
+from training.runs import load_trained_model
+
+EXPORTS = "exports"
+READ_CHUNK = 1024 * 1024
+
+
+def prefix(job_id: uuid.UUID, version_id: int) -> str:
+    """The key prefix of one version's exports."""
+    return f"{artifacts.job_prefix(job_id)}{EXPORTS}/{version_id}/"
+
+
+def key(job_id: uuid.UUID, version_id: int, fmt: export.Format) -> str:
+    """The object key of a version's export in `fmt`."""
+    return f"{prefix(job_id, version_id)}model{export.SUFFIXES[fmt]}"
+
+
+def stored_path(settings: Settings, object_key: str) -> str:
+    """What a row records for a file put under `object_key`: the key in a bucket, else the
+    local store's absolute path."""
+    if artifacts.uses_bucket(settings):
+        return object_key
+    return str(artifacts.root(settings) / check_key(object_key))
+
+
+def find(*, session: Session, version_id: int, fmt: str) -> ModelExport | None:
+    """The version's export in `fmt`, if made."""
+    query = select(ModelExport).where(
+        ModelExport.version_id == version_id, ModelExport.format == fmt
+    )
+    return session.scalars(query).first()
+
+
+def listed(*, session: Session, version_id: int) -> list[ModelExport]:
+    """The version's exports, in format order."""
+    query = select(ModelExport).where(ModelExport.version_id == version_id)
+    return list(session.scalars(query.order_by(ModelExport.format)))
+
+
+def get(
+    *, session: Session, name: str, version: int, fmt: str, caller: Caller
+) -> tuple[ModelVersion, ModelExport]:
+    """A readable version and its export in `fmt`, or `NotFoundError`."""
+    target = model_registry.get_version(session=session, name=name, version=version, caller=caller)
+    row = find(session=session, version_id=target.id, fmt=fmt)
+    if row is None:
+        raise NotFoundError(
+            f"{name}/{version} has no {fmt} export yet; POST its exports with "
+            f'{{"format": "{fmt}"}} to make it'
+        )
+    return target, row
+
+
+def create(
+    *,
+    session: Session,
+    settings: Settings,
+    name: str,
+    version: int,
+    fmt: export.Format,
+    caller: Caller,
+) -> tuple[ModelExport, bool]:
+    """The version's export in `fmt`, and whether it was made now: the stored one as is, or
+    one made, checked and stored (the model's owner or an admin key).
+
+    `ExportMismatchError` when the export is farther from the eager net than the bound (it
+    is not kept); `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch."""
+    # The model's row stays locked while the export is made: a second request for the same
+    # export waits, then finds it.
+    target = model_registry.changeable_version(
+        session=session, name=name, version=version, caller=caller, action="export versions of"
+    )
+    found = find(session=session, version_id=target.id, fmt=fmt)
+    if found is not None:
+        return found, False
+    checkpoint = artifacts.local_file(settings, target.path, target.sha256)
+    model, info, _ = load_trained_model(checkpoint, sha256=target.sha256)
+    object_key = key(target.job_id, target.id, fmt)
+    with tempfile.TemporaryDirectory(prefix="export-") as folder:
+        path = Path(folder) / Path(object_key).name
+        checked = export.export_checked(model, info, fmt, path)
+        sha256, size = sha256_of(path), path.stat().st_size
+        store_for(settings).put(object_key, path, sha256)
+    row = ModelExport(
+        version_id=target.id,
+        format=fmt,
+        path=stored_path(settings, object_key),
+        sha256=sha256,
+        bytes=size,
+        max_abs_diff=checked.max_abs_diff,
+        tolerance=checked.tolerance,
+        details=checked.details,
+        owner_key_id=caller.owner,
+    )
+    session.add(row)
+    session.flush()
+    return row, True
+
+
+def delete_files(settings: Settings, version: ModelVersion) -> int:
+    """Delete the files of a version's exports; how many.
+
+    `StoreUnavailableError` when the store cannot be reached: the caller keeps the rows."""
+    return store_for(settings).delete_prefix(prefix(version.job_id, version.id))
+
+
+def open_verified(settings: Settings, path: str, sha256: str) -> BinaryIO:
+    """A row's stored file (a checkpoint, an export) opened at its start, once the open
+    file's bytes match `sha256`: what a reader then streams is what was checked.
+
+    `CheckpointError` when the file is missing or does not match; `StoreUnavailableError`
+    when the object store cannot be reached now."""
+    try:
+        handle = artifacts.local_file(settings, path, sha256).open("rb")
+    except FileNotFoundError:
+        raise CheckpointError(f"{Path(path).name} is missing from the artifact store") from None
+    digest = hashlib.sha256()
+    while chunk := handle.read(READ_CHUNK):
+        digest.update(chunk)
+    if digest.hexdigest() != sha256:
+        handle.close()
+        raise CheckpointError(
+            f"{Path(path).name} has sha256 {digest.hexdigest()}, not the {sha256} recorded "
+            "for it; it was changed or damaged after it was written"
+        )
+    handle.seek(0)
+    return handle

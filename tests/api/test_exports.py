@@ -1,0 +1,198 @@
+"""Checkpoint downloads and a version's exports over HTTP: streamed bytes with their sha256,
+each format checked, stored, listed, downloaded and loaded back, and what is refused."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.routers import zoo
+from core import artifacts
+from core.db.session import session_scope
+from core.db.tables import ModelExport
+from core.settings import Settings
+from tests.api.helpers import make_key, trained_job
+from training import export
+from training.runs import load_trained_model
+
+VERSION = "/api/v1/registry/exported/versions/1"
+
+
+@pytest.fixture(scope="module")
+def no_warm_up() -> Iterator[None]:
+    """Apps without the zoo's warm-up thread: its forward passes and an export's torch.fx
+    trace (which patches nn.Module calls process-wide) must not overlap."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zoo, "warm_up", lambda stop: None)
+        yield
+
+
+@pytest.fixture(scope="module")
+def anonymous(settings: Settings, no_warm_up: None) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def job_id(settings: Settings) -> uuid.UUID:
+    return trained_job(settings)
+
+
+@pytest.fixture(scope="module")
+def registered(client: TestClient, job_id: uuid.UUID) -> str:
+    """Version 1 of `exported`: the job's best checkpoint, registered by `client`'s key."""
+    answer = client.post("/api/v1/registry/exported/versions", json={"job": str(job_id)})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["sha256"])
+
+
+@pytest.fixture(scope="module")
+def owner_only(settings: Settings, no_warm_up: None) -> Iterator[TestClient]:
+    """Another API on the database, whose reads keep to the caller's own rows, with a key
+    that owns nothing."""
+    strict = settings.model_copy(update={"reads_owner_only": True})
+    key = make_key(settings.database_url, "read", "train")
+    with TestClient(create_app(strict), headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client
+
+
+def _checked_download(answer: httpx.Response, sha256: str) -> bytes:
+    """The body of a download, once its headers name its size and the recorded sha256."""
+    assert answer.status_code == 200, answer.text
+    body = answer.content
+    assert answer.headers["x-checksum-sha256"] == sha256 == hashlib.sha256(body).hexdigest()
+    digest = base64.b64encode(hashlib.sha256(body).digest()).decode()
+    assert answer.headers["repr-digest"] == f"sha-256=:{digest}:"
+    assert int(answer.headers["content-length"]) == len(body)
+    assert answer.headers["content-disposition"].startswith("attachment; filename=")
+    return body
+
+
+def test_a_jobs_checkpoints_download_as_stored(
+    client: TestClient, job_id: uuid.UUID, settings: Settings
+) -> None:
+    listed = client.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
+    by_step = {row["step"]: row for row in listed}
+    for which, step in (("best", 2), ("last", 2), ("1", 1)):
+        answer = client.get(f"/api/v1/jobs/{job_id}/checkpoints/{which}/file")
+        body = _checked_download(answer, by_step[step]["sha256"])
+        assert body == Path(by_step[step]["path"]).read_bytes()
+        assert f"step-{step}.pt" in answer.headers["content-disposition"]
+    missing = client.get(f"/api/v1/jobs/{job_id}/checkpoints/7/file")
+    assert missing.status_code == 404
+    assert "no step 7 checkpoint" in missing.json()["error"]["message"]
+    assert client.get(f"/api/v1/jobs/{uuid.uuid4()}/checkpoints/best/file").status_code == 404
+    assert client.get(f"/api/v1/jobs/{job_id}/checkpoints/worst/file").status_code == 422
+
+
+def test_a_versions_checkpoint_downloads_and_is_hidden_from_other_owners(
+    client: TestClient, owner_only: TestClient, job_id: uuid.UUID, registered: str
+) -> None:
+    answer = client.get(f"{VERSION}/checkpoint")
+    body = _checked_download(answer, registered)
+    assert "exported-v1-step-2.pt" in answer.headers["content-disposition"]
+    assert client.get(f"/api/v1/jobs/{job_id}/checkpoints/best/file").content == body
+    assert client.get("/api/v1/registry/exported/versions/9/checkpoint").status_code == 404
+    assert client.get("/api/v1/registry/nobody/versions/1/checkpoint").status_code == 404
+    # Another key, where reads keep to their owner: as if neither existed.
+    assert owner_only.get(f"{VERSION}/checkpoint").status_code == 404
+    assert owner_only.get(f"/api/v1/jobs/{job_id}/checkpoints/best/file").status_code == 404
+    assert owner_only.get(f"{VERSION}/exports").status_code == 404
+
+
+@pytest.mark.parametrize("fmt", export.FORMATS)
+def test_each_format_is_checked_stored_listed_downloaded_and_loads_back(
+    client: TestClient,
+    settings: Settings,
+    job_id: uuid.UUID,
+    registered: str,
+    fmt: export.Format,
+    tmp_path: Path,
+) -> None:
+    made = client.post(f"{VERSION}/exports", json={"format": fmt})
+    assert made.status_code == 201, made.text
+    row = made.json()
+    assert row["max_abs_diff"] <= row["tolerance"] == export.TOLERANCE
+    assert row["details"]["softmax"] is True
+    assert row["details"]["batches_checked"] == [8, 1]
+    again = client.post(f"{VERSION}/exports", json={"format": fmt})
+    assert (again.status_code, again.json()) == (200, row)
+    assert fmt in [found["format"] for found in client.get(f"{VERSION}/exports").json()]
+    assert client.get(f"{VERSION}/exports/{fmt}").json() == row
+
+    body = _checked_download(client.get(row["file"]), row["sha256"])
+    assert len(body) == row["bytes"]
+    saved = tmp_path / f"model{export.SUFFIXES[fmt]}"
+    saved.write_bytes(body)
+    # The downloaded file, loaded as a user would, gives the eager net's probabilities.
+    with session_scope(settings.database_url) as session:
+        checkpoint = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
+        assert checkpoint is not None
+        path = Path(checkpoint.path)
+    model, info, _ = load_trained_model(path, sha256=registered)
+    batch = export.check_batch(info)
+    net = export.served_net(model)
+    loaded = export.load(fmt, saved)
+    assert export.max_abs_diff(loaded, net, batch) <= export.TOLERANCE
+    with torch.inference_mode():
+        assert torch.allclose(loaded(batch).sum(1), torch.ones(len(batch)))  # probabilities
+
+
+def test_a_tampered_export_is_refused(
+    client: TestClient, settings: Settings, registered: str
+) -> None:
+    row = client.post(f"{VERSION}/exports", json={"format": "torchscript"}).json()
+    with session_scope(settings.database_url) as session:
+        stored = session.query(ModelExport).filter_by(sha256=row["sha256"]).one()
+        path = Path(stored.path)
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        refused = client.get(row["file"])
+        assert refused.status_code == 409
+        assert "changed or damaged" in refused.json()["error"]["message"]
+    finally:
+        path.write_bytes(original)
+    assert client.get(row["file"]).status_code == 200
+
+
+def test_an_export_over_the_bound_is_not_kept(
+    client: TestClient, settings: Settings, job_id: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.post("/api/v1/registry/loose/versions", json={"job": str(job_id)})
+    exported = artifacts.job_dir(settings, job_id) / "exports"
+    before = sorted(exported.rglob("*"))
+    monkeypatch.setattr(export, "max_abs_diff", lambda *_: 0.25)
+    body = {"format": "torchscript"}
+    answer = client.post("/api/v1/registry/loose/versions/1/exports", json=body)
+    assert answer.status_code == 500, answer.text
+    assert "by up to 0.25, over the bound of 0.0001" in answer.json()["error"]["message"]
+    assert client.get("/api/v1/registry/loose/versions/1/exports").json() == []
+    assert sorted(exported.rglob("*")) == before
+
+
+def test_only_the_models_owner_exports_and_deleting_a_version_deletes_its_exports(
+    client: TestClient, anonymous: TestClient, settings: Settings, job_id: uuid.UUID
+) -> None:
+    client.post("/api/v1/registry/doomed/versions", json={"job": str(job_id)})
+    other = {"Authorization": f"Bearer {make_key(settings.database_url, 'read', 'train')}"}
+    body = {"format": "torchscript"}
+    refused = anonymous.post("/api/v1/registry/doomed/versions/1/exports", json=body, headers=other)
+    assert refused.status_code == 403, refused.text
+    made = client.post("/api/v1/registry/doomed/versions/1/exports", json=body)
+    assert made.status_code == 201, made.text
+    with session_scope(settings.database_url) as session:
+        path = Path(session.query(ModelExport).filter_by(sha256=made.json()["sha256"]).one().path)
+    assert path.is_file()
+    assert client.delete("/api/v1/registry/doomed/versions/1").status_code == 204
+    assert not path.exists()
+    assert client.get(made.json()["file"]).status_code == 404

@@ -1,0 +1,200 @@
+"""A trained net in deployment formats (ONNX, TorchScript, torch.export), checked against
+the eager net before anyone keeps it.
+
+What is exported is the net the model processes serve, as is: `serving_form` (batch norms
+folded into the convolutions) followed by a softmax. Every format therefore maps a
+normalised float32 batch (N, C, H, W), N free, to class PROBABILITIES (N, classes); the
+normalisation `(x / 255 - mean) / std` stays outside, its mean and std in `details`.
+
+ONNX goes through `torch.onnx.export(dynamo=True)` (torch.export's graph, translated by
+onnxscript): the exporter torch maintains; the TorchScript-based one is deprecated. It
+takes about 1.5 s for ResNet-20 on a CPU core.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import onnxruntime
+import torch
+from torch import Tensor, nn
+
+from training.data import DatasetInfo
+from training.pipeline import Normalise
+from training.predictor import serving_form
+
+Format = Literal["onnx", "torchscript", "torch_export"]
+FORMATS: tuple[Format, ...] = get_args(Format)
+SUFFIXES: dict[Format, str] = {
+    "onnx": ".onnx",
+    "torchscript": ".torchscript.pt",
+    "torch_export": ".pt2",
+}
+OPSET = 20  # the dynamo exporter's own default in torch 2.14; ONNX Runtime 1.32 runs it
+INPUT, OUTPUT = "images", "probabilities"
+MAX_BATCH = 4096  # the dynamic batch axis's upper bound (torch.export wants one)
+# Probabilities of an export may differ from the eager net's by float rounding only: kernels
+# that sum in another order, fused ops. Those differences are under 1e-5 here (the folded
+# net alone: under 1e-6); a wrong graph (a branch traced away, a fold gone wrong) moves
+# probabilities by 1e-2 and more. 1e-4 keeps the first and refuses the second.
+TOLERANCE = 1e-4
+CHECK_BATCH = 8  # images of the check, seeded: the same inputs on every run
+CHECK_SEED = 0
+# torch.fx's trace (the fold) and torch.export patch process-wide state while they run: in
+# a process that exports from several threads (the API), one export at a time.
+_EXPORTING = threading.Lock()
+
+
+class ExportMismatchError(ValueError):
+    """An export's probabilities are farther from the eager net's than `TOLERANCE`."""
+
+    def __init__(self, fmt: str, max_abs_diff: float) -> None:
+        super().__init__(
+            f"the {fmt} export's probabilities differ from the eager net's by up to "
+            f"{max_abs_diff:.3g}, over the bound of {TOLERANCE:g}; it was not kept"
+        )
+        self.max_abs_diff = max_abs_diff
+
+
+@dataclass(frozen=True)
+class Checked:
+    """An export written and compared with the eager net: how close, and how it was made."""
+
+    max_abs_diff: float
+    tolerance: float
+    details: dict[str, Any]
+
+
+def with_softmax(net: nn.Module) -> nn.Module:
+    """`net` (logits) followed by a softmax over classes, in eval mode."""
+    return nn.Sequential(net, nn.Softmax(dim=1)).eval()
+
+
+def served_net(model: nn.Module) -> nn.Module:
+    """What is exported: the eval-mode net's serving form, then a softmax."""
+    return with_softmax(serving_form(model.eval()))
+
+
+def check_batch(info: DatasetInfo, size: int = CHECK_BATCH) -> Tensor:
+    """`size` seeded random uint8 images of the data's shape, normalised as served."""
+    generator = torch.Generator().manual_seed(CHECK_SEED)
+    shape = (size, info.channels, *info.image_size)
+    images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+    return Normalise(info, torch.device("cpu"), channels_last=False)(images)
+
+
+def _dynamic_batch() -> tuple[dict[int, Any]]:
+    return ({0: torch.export.Dim("batch", min=1, max=MAX_BATCH)},)
+
+
+def onnx_bytes(net: nn.Module, example: Tensor) -> bytes:
+    """`net` as an ONNX model (opset `OPSET`, dynamic batch axis), serialised."""
+    program = torch.onnx.export(
+        net,
+        (example,),
+        dynamo=True,
+        opset_version=OPSET,
+        dynamic_shapes=_dynamic_batch(),
+        input_names=[INPUT],
+        output_names=[OUTPUT],
+        verbose=False,
+    )
+    assert program is not None  # dynamo=True always returns the program
+    data: bytes = program.model_proto.SerializeToString()
+    return data
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Without torch.jit's deprecation warnings (TorchScript is a format users still ask for)
+    and torch.export's notes on weights it saves."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", "No complete tensor found", UserWarning)
+        yield
+
+
+def write(net: nn.Module, fmt: Format, example: Tensor, path: Path) -> None:
+    """Save `net` in `fmt` to `path`, traced on `example` with a dynamic batch axis."""
+    with torch.no_grad(), _quiet():
+        if fmt == "onnx":
+            path.write_bytes(onnx_bytes(net, example))
+        elif fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(net, example), str(path))
+        else:
+            program = torch.export.export(net, (example,), dynamic_shapes=_dynamic_batch())
+            torch.export.save(program, path)
+
+
+def ort_session(model: bytes | Path, threads: int = 1) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime session of `model` on the CPU, with `threads` intra-op threads."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1  # a ResNet is one chain of ops: nothing to overlap
+    source = model if isinstance(model, bytes) else str(model)
+    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run_ort(session: onnxruntime.InferenceSession, x: Tensor) -> Tensor:
+    """Probabilities of a normalised batch from an ONNX session of an export."""
+    inputs = np.ascontiguousarray(x.numpy(), dtype=np.float32)
+    (probabilities,) = session.run([OUTPUT], {INPUT: inputs})
+    return torch.from_numpy(probabilities)
+
+
+def load(fmt: Format, path: Path) -> Callable[[Tensor], Tensor]:
+    """A saved export as a function: normalised batch to probabilities."""
+    if fmt == "onnx":
+        session = ort_session(path)
+        return lambda x: run_ort(session, x)
+    with _quiet():
+        module = (
+            torch.jit.load(str(path)) if fmt == "torchscript" else torch.export.load(path).module()
+        )
+    return lambda x: module(x)
+
+
+def max_abs_diff(run: Callable[[Tensor], Tensor], net: nn.Module, batch: Tensor) -> float:
+    """max |p_export - p_eager| over `batch`, and over its first image alone (a batch of 1:
+    the batch axis really is free)."""
+    with torch.inference_mode():
+        worst = 0.0
+        for x in (batch, batch[:1]):
+            worst = max(worst, (run(x) - net(x)).abs().max().item())
+    return worst
+
+
+def export_checked(model: nn.Module, info: DatasetInfo, fmt: Format, path: Path) -> Checked:
+    """Write `model`'s served net in `fmt` to `path`, load it back and compare its
+    probabilities with the eager net's; `ExportMismatchError` (file removed) if over the bound."""
+    batch = check_batch(info)
+    with _EXPORTING:
+        net = served_net(model)
+        write(net, fmt, batch, path)
+    difference = max_abs_diff(load(fmt, path), net, batch)
+    if not difference <= TOLERANCE:  # NaN too
+        path.unlink(missing_ok=True)
+        raise ExportMismatchError(fmt, difference)
+    details = {
+        "softmax": True,
+        "input": f"float32 (N, {info.channels}, {info.image_size[0]}, {info.image_size[1]}), "
+        "normalised: (x / 255 - mean) / std",
+        "input_shape": [info.channels, *info.image_size],
+        "mean": list(info.mean),
+        "std": list(info.std),
+        "classes": list(info.classes),
+        "batches_checked": [len(batch), 1],
+        "check_seed": CHECK_SEED,
+        "reference": "the eager serving form (batch norms folded) with softmax",
+        "torch": torch.__version__,
+    }
+    if fmt == "onnx":
+        details |= {"opset": OPSET, "onnxruntime": onnxruntime.__version__}
+    return Checked(difference, TOLERANCE, details)
