@@ -146,6 +146,7 @@ def _model_cache(settings: Settings) -> ModelCache:
         replicas=settings.predict_replicas,
         device=settings.predict_device,
         fold=settings.predict_fold_batch_norm,
+        backend=settings.predict_backend,
     )
     return ModelCache(
         max_models=settings.predict_cache_models,

@@ -1,17 +1,22 @@
 """Helpers of the API tests: keys, jobs made and moved directly in the database, a trained
-job with real checkpoints, a clock that moves when told."""
+job with real checkpoints, a submitted job run in this process, a clock that moves when
+told."""
 
 from __future__ import annotations
 
 import base64
 import json
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import redis
+import torch
 
-from core import artifacts, jobs, keys
+from core import artifacts, jobs, keys, kinds
 from core.db.session import session_scope
-from core.kinds import TrainJobSpec
+from core.db.tables import Job
+from core.kinds import RunContext, TrainJobSpec
 from core.queue import QUEUE, RUN_JOB
 from core.settings import Settings
 from training import checkpoints
@@ -88,6 +93,28 @@ def trained_job(settings: Settings) -> uuid.UUID:
             )
     finish(url, job_id, token, best_test_error=0.5, final_test_error=0.6, params=75_002)
     return job_id
+
+
+def run_job(
+    settings: Settings,
+    job_id: uuid.UUID,
+    sink: RecordingSink,
+    set_budget: Callable[[int, float], None] = lambda *_: None,
+) -> dict[str, Any]:
+    """Claim a queued job, run its kind in this process on the CPU as a worker would, and
+    end it (cancelled when it stopped early); its summary."""
+    token = claim(settings.database_url, job_id)
+    with session_scope(settings.database_url) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        kind = kinds.get(row.kind)
+        spec = kind.spec.model_validate(row.spec)
+    context = RunContext(job_id, settings, torch.device("cpu"), sink, set_budget)
+    summary = kind.run(spec, context)
+    with session_scope(settings.database_url) as session:
+        status = "cancelled" if summary.get("stopped") else "succeeded"
+        jobs.finish(session=session, job_id=job_id, token=token, status=status, summary=summary)
+    return summary
 
 
 class FakeClock:

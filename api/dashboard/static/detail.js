@@ -1,8 +1,9 @@
 // Run detail: facts, live log and curves (Server-Sent Events), diagnostics, checkpoints,
-// an evaluation's confusion matrix, and the run's actions.
+// an evaluation's or a prediction's confusion matrix, and the run's actions.
 
 import { api, follow } from "./api.js";
 import { ERROR_LAYOUT, errorTraces, lineTraces, PALETTE, perBlock, plot } from "./charts.js";
+import { noteCard } from "./notes.js";
 import {
   ACTIVE,
   actionButton,
@@ -34,6 +35,7 @@ export async function render(view, ctx) {
     parts.header,
     parts.messages,
     parts.facts,
+    noteCard(job, ctx.can("train")),
     parts.charts,
     h("h2", {}, "Checkpoints"),
     parts.checkpoints,
@@ -195,13 +197,13 @@ function drawFacts(card, job) {
     ["dataset", job.dataset ?? "–"],
     ["params", number(job.results.params)],
     ["MACs / image", number(job.results.macs)],
-    job.kind === "train" && [
+    (job.kind === "train" || job.kind === "predict") && [
       "progress",
       h(
         "span.row",
         {},
         h("span.progress", {}, h("div", { style: `width:${100 * fraction}%` })),
-        `${number(step)} / ${total ? number(total) : "?"} iterations`,
+        `${number(step)} / ${total ? number(total) : "?"} ${job.kind === "train" ? "iterations" : "images"}`,
       ),
     ],
     ["attempt", `${job.attempt} of ${job.max_attempts}`],
@@ -226,6 +228,24 @@ function drawFacts(card, job) {
       ["top-5 error", percent(summary.top5_error)],
       ["loss", summary.loss?.toFixed(4) ?? "–"],
       ["ECE (15 bins)", h("span", { id: "ece" }, summary.ece?.toFixed(4) ?? "–")],
+    );
+  }
+  if (job.kind === "predict" && summary.model) {
+    const pinned = summary.model;
+    const named = pinned.model ? `${pinned.model}/${pinned.version}` : `job ${pinned.job_id}`;
+    facts.push(
+      ["model ref", `${pinned.ref} → ${named}, step ${pinned.step}`],
+      ["images", number(summary.images)],
+      ["error", percent(summary.error)],
+      [`top-${summary.top_k} error`, percent(summary.top_k_error)],
+      [
+        "files",
+        h(
+          "span",
+          { id: "artifacts" },
+          (summary.artifacts ?? []).map((a) => `${a.name} (${number(a.bytes)} bytes)`).join(", "),
+        ),
+      ],
     );
   }
   if (job.source_job)
@@ -254,7 +274,7 @@ function needs(job) {
 
 function chartDivs(grid, job) {
   const names =
-    job.kind === "evaluate"
+    job.kind === "evaluate" || job.kind === "predict"
       ? ["confusion", "per-class"]
       : ["error", "loss", "lr", "response-std", "grad-norm"];
   const divs = {};
@@ -268,6 +288,12 @@ function chartDivs(grid, job) {
 function drawCharts(charts, job, series) {
   if (job.kind === "evaluate") {
     drawEvaluation(charts, job.summary);
+    return;
+  }
+  if (job.kind === "predict") {
+    drawPrediction(charts, job).catch((error) =>
+      plot(charts.confusion, [], { title: { text: `No confusion matrix: ${error.message}` } }),
+    );
     return;
   }
   plot(charts.error, errorTraces(series), ERROR_LAYOUT);
@@ -299,11 +325,29 @@ function drawCharts(charts, job, series) {
   });
 }
 
-function drawEvaluation(charts, summary) {
+/** A prediction's confusion matrix, from the `confusion.json` its job wrote. */
+async function drawPrediction(charts, job) {
+  const written = (job.summary?.artifacts ?? []).some((a) => a.name === "confusion.json");
+  if (!written) {
+    const why = job.summary?.artifacts
+      ? "No confusion matrix: the dataset's classes are not the model's"
+      : "The confusion matrix appears when the prediction ends";
+    drawEvaluation(charts, null, why);
+    return;
+  }
+  const { classes, matrix } = await api(`/jobs/${job.id}/artifacts/confusion.json`);
+  const total = (row) => row.reduce((a, b) => a + b, 0);
+  const accuracy = matrix.map((row, i) => row[i] / Math.max(1, total(row)));
+  drawEvaluation(charts, { confusion: matrix, classes, per_class_accuracy: accuracy });
+}
+
+function drawEvaluation(
+  charts,
+  summary,
+  waiting = "The confusion matrix appears when the evaluation ends",
+) {
   if (!summary?.confusion) {
-    plot(charts.confusion, [], {
-      title: { text: "The confusion matrix appears when the evaluation ends" },
-    });
+    plot(charts.confusion, [], { title: { text: waiting } });
     return;
   }
   const classes = summary.classes ?? summary.confusion.map((_, i) => String(i));
