@@ -1,6 +1,7 @@
-// Runs: the job table with filters, sort, cursor pages, selection for compare, live status.
+// Runs: the job table with filters (and `path op value` expressions), sort, cursor pages,
+// selection for compare, CSV export, live status.
 
-import { api, query } from "./api.js";
+import { API, api, authHeaders, query } from "./api.js";
 import {
   ACTIVE,
   duration,
@@ -25,12 +26,18 @@ const SORTS = {
   finished: "finished, oldest",
   best_test_error: "best test error, lowest",
   "-best_test_error": "best test error, highest",
+  final_test_error: "final test error, lowest",
+  params: "params, fewest",
+  "-params": "params, most",
+  wall_time_s: "wall time, shortest",
+  "-images_per_s": "images/s, most",
 };
 
 // Kept across visits of the page, so that going back to Runs shows the same view.
 const state = {
-  filters: { status: "", kind: "", family: "", dataset: "", tag: "", q: "" },
+  filters: { status: "", kind: "", family: "", dataset: "", tag: "", q: "", filter: "" },
   sort: "-created",
+  sortKey: "", // a sort the menu does not offer, e.g. -summary.best_train_error
   cursors: [null], // the cursor of each page visited so far; the last is the current page
 };
 
@@ -64,7 +71,7 @@ export async function render(view, ctx) {
       },
       () => restart(),
     ),
-    h("div.row", {}, compareButton),
+    h("div.row", {}, compareButton, csvButton()),
     h("div.card", {}, table, pager),
   );
   let timer = null;
@@ -75,7 +82,7 @@ export async function render(view, ctx) {
   const load = async () => {
     clearTimeout(timer);
     const cursor = state.cursors[state.cursors.length - 1];
-    const params = { ...state.filters, sort: state.sort, limit: PAGE_SIZE, cursor };
+    const params = { ...searchParams(), limit: PAGE_SIZE, cursor };
     let page;
     try {
       page = await api(`/jobs${query(params)}`, { signal: ctx.signal });
@@ -93,6 +100,38 @@ export async function render(view, ctx) {
   };
   ctx.signal.addEventListener("abort", () => clearTimeout(timer));
   await load();
+}
+
+/** The list's filters and sort as query parameters (expressions split at commas). */
+function searchParams() {
+  const filter = state.filters.filter
+    .split(",")
+    .map((e) => e.trim())
+    .filter(Boolean);
+  return { ...state.filters, filter, sort: state.sortKey || state.sort };
+}
+
+function csvButton() {
+  return h(
+    "button.secondary",
+    {
+      id: "export-csv",
+      title: "every run that passes the filters, as CSV",
+      onclick: async () => {
+        const response = await fetch(`${API}/jobs.csv${query(searchParams())}`, {
+          headers: authHeaders(),
+        });
+        if (!response.ok) return;
+        const link = h("a", {
+          href: URL.createObjectURL(await response.blob()),
+          download: "runs.csv",
+        });
+        link.click();
+        URL.revokeObjectURL(link.href);
+      },
+    },
+    "Export CSV",
+  );
 }
 
 function filterForm(choices, changed) {
@@ -159,6 +198,36 @@ function filterForm(choices, changed) {
     text("tag", "tag", "paper-fig6"),
     text("q", "name contains", "resnet56…"),
     sort,
+    h(
+      "label",
+      {},
+      "or sort by",
+      h("input", {
+        name: "sort-key",
+        value: state.sortKey,
+        placeholder: "-summary.best_train_error",
+        type: "search",
+        onchange: (e) => {
+          state.sortKey = e.target.value.trim();
+          changed();
+        },
+      }),
+    ),
+    h(
+      "label.wide",
+      {},
+      "where (path op value, comma-separated)",
+      h("input", {
+        name: "filter",
+        value: filters.filter,
+        placeholder: "best_test_error<0.08, model.options.unit=full_preact, recipe.lr>=0.1",
+        type: "search",
+        onchange: (e) => {
+          filters.filter = e.target.value.trim();
+          changed();
+        },
+      }),
+    ),
   );
 }
 
