@@ -22,6 +22,7 @@ from api.limits import BodyLimit, PredictShed
 from api.model_cache import ModelCache, RefCache
 from api.model_process import ServingOptions
 from api.routers import (
+    artifacts,
     dashboard,
     datasets,
     exports,
@@ -84,6 +85,7 @@ def _api() -> APIRouter:
         exports.router,
         jobs.router,
         exports.job_files,
+        artifacts.router,
         studies.router,
         zoo.router,
         datasets.router,
