@@ -134,7 +134,7 @@ def onnx_bytes_traced(net: nn.Module, example: Tensor) -> bytes:
         torch.onnx.export(
             net,
             (example,),
-            buffer,
+            buffer,  # type: ignore[arg-type]  # a file object, as its docstring allows
             dynamo=False,
             opset_version=OPSET,
             input_names=[INPUT],
