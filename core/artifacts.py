@@ -71,15 +71,6 @@ def put_job_file(settings: Settings, job_id: uuid.UUID, path: Path, sha256: str)
         store_for(settings).put(job_file_key(job_id, path.name), path, sha256)
 
 
-def job_file(settings: Settings, job_id: uuid.UUID, name: str, sha256: str) -> Path:
-    """A local copy of one of a job's result files, verified against `sha256`: the store's
-    file, or the object fetched into the download cache.
-
-    `ObjectMissingError` or `ObjectCorruptError` when it is gone or damaged;
-    `StoreUnavailableError` when the store cannot be reached now."""
-    return store_for(settings).fetch(job_file_key(job_id, name), sha256)
-
-
 def is_key(path: str) -> bool:
     """Whether a checkpoint row's `path` is an object key (else a local store's file)."""
     return not Path(path).is_absolute()

