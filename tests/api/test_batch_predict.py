@@ -170,6 +170,23 @@ def test_a_predict_job_reads_an_image_folder_by_file_name(
     assert not (folder / "predictions.jsonl").exists()
 
 
+def test_a_dataset_of_other_classes_gets_predictions_and_no_errors(
+    settings: Settings, client: TestClient, queue: Any, model: uuid.UUID
+) -> None:
+    others = {**SYNTHETIC, "num_classes": 3, "test_size": 6}
+    answer = client.post(JOBS, json=_predict(dataset=others, format="jsonl"))
+    job_id = uuid.UUID(answer.json()["id"])
+
+    summary = _run(settings, job_id, RecordingSink())
+
+    assert (summary["images"], summary["labelled"], summary["error"]) == (6, False, None)
+    assert [item["name"] for item in summary["artifacts"]] == ["predictions.jsonl"]
+    folder = artifacts.job_dir(settings, job_id)
+    lines = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    assert {line["label"] for line in lines} <= {"class_0", "class_1", "class_2"}
+    assert all(len(line["probabilities"]) == 10 for line in lines)  # the model's classes
+
+
 def test_a_cancelled_prediction_leaves_no_partial_files(
     settings: Settings, client: TestClient, queue: Any, model: uuid.UUID
 ) -> None:
