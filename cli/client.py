@@ -29,7 +29,7 @@ from cli.train_options import (
     train_spec,
 )
 from client import ApiError, Client, ServiceUnreachableError
-from client.api import RECONNECTS
+from client.api import RECONNECTS, ExportFormat
 from client.models import ImagePrediction
 
 Url = Annotated[
@@ -337,3 +337,30 @@ def predict_batch(
         f"{summary.get('images', 0):,} images; error {percent(summary.get('error'))}, "
         f"top-{summary.get('top_k')} error {percent(summary.get('top_k_error'))}"
     )
+
+
+def export(
+    ref: Annotated[
+        str, typer.Argument(help="A registered version: name/VERSION, name@ALIAS or name.")
+    ],
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", help="onnx, torchscript or torch_export.")
+    ] = "onnx",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Download it too, to this file or folder.")
+    ] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Export a registered version: the service writes its served net (softmax included),
+    checks it against the eager net's probabilities and stores it (or has it already)."""
+    with connect(url, key) as client:
+        made = client.export(ref, fmt)
+        saved = client.download_export(ref, fmt, to=out) if out is not None else None
+    typer.echo(
+        f"{made['model']}/{made['version']} {made['format']}: {made['bytes']:,} bytes, "
+        f"sha256 {made['sha256']}, max |p_export - p_eager| {made['max_abs_diff']:.2g} "
+        f"(bound {made['tolerance']:g})"
+    )
+    if saved is not None:
+        typer.echo(f"saved {saved}")

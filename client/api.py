@@ -31,6 +31,7 @@ from client.models import (
     CellResult,
     Checkpoint,
     Event,
+    Export,
     Health,
     Job,
     JobItem,
@@ -63,6 +64,7 @@ STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job 
 Image = str | Path | bytes | tuple[str, bytes]  # a file, raw bytes, or (file name, bytes)
 Spec = Mapping[str, Any] | BaseModel  # a job spec as JSON, or core.kinds' TrainJobSpec, ...
 Id = str | UUID  # a job's or a study's id
+ExportFormat = Literal["onnx", "torchscript", "torch_export"]
 
 
 class Client:
@@ -495,6 +497,90 @@ class Client:
         """Whether the service asks for keys, and the scopes of this client's key."""
         return cast(Session, self._json("GET", "/session"))
 
+    # -- downloads and exports ---------------------------------------------------------
+
+    def version_of(self, ref: str) -> tuple[str, int]:
+        """The model and version number `ref` names: `name/N`, `name@alias` or `name` (its
+        latest version)."""
+        name, _, number = ref.partition("/")
+        if number:
+            return name, int(number)
+        name, _, alias = name.partition("@")
+        model = self.registered(name)
+        if alias:
+            for found in model["aliases"]:
+                if found["alias"] == alias:
+                    return name, found["version"]
+            raise ClientError(f"model {name!r} has no alias {alias!r}")
+        if not model["versions"]:
+            raise ClientError(f"model {name!r} has no versions")
+        return name, model["versions"][-1]["version"]
+
+    def download_checkpoint(
+        self, ref: Id, *, to: str | Path = ".", which: str | int = "best"
+    ) -> Path:
+        """Save a checkpoint into the folder `to` (or as the file `to`), checking the sha256
+        the service sends: a job's (`ref` a job id; `which`: best, last or a step number) or
+        a registered version's (`name/N`, `name@alias`, `name`); the file's path."""
+        try:
+            job_id = UUID(str(ref))
+        except ValueError:
+            name, version = self.version_of(str(ref))
+            path = f"/registry/{name}/versions/{version}/checkpoint"
+            return self._download(path, f"{name}-v{version}.pt", to)
+        return self._download(f"/jobs/{job_id}/checkpoints/{which}/file", f"{job_id}.pt", to)
+
+    def export(self, ref: str, format: ExportFormat = "onnx") -> Export:
+        """Export a registered version (`name/N`, `name@alias`, `name`): made, checked against
+        the eager net and stored by the service, or the one made before."""
+        name, version = self.version_of(ref)
+        path = f"/registry/{name}/versions/{version}/exports"
+        return cast(Export, self._json("POST", path, json={"format": format}))
+
+    def exports(self, ref: str) -> list[Export]:
+        """The exports made of a registered version."""
+        name, version = self.version_of(ref)
+        return cast(list[Export], self._json("GET", f"/registry/{name}/versions/{version}/exports"))
+
+    def download_export(
+        self,
+        ref: str,
+        format: ExportFormat = "onnx",
+        *,
+        to: str | Path = ".",
+    ) -> Path:
+        """Save a version's export into the folder `to` (or as the file `to`), checking the
+        sha256 the service sends; the file's path."""
+        name, version = self.version_of(ref)
+        path = f"/registry/{name}/versions/{version}/exports/{format}/file"
+        return self._download(path, f"{name}-v{version}.{format}", to)
+
+    def _download(self, path: str, fallback: str, to: str | Path) -> Path:
+        """Stream a file the service sends with its sha256 into `to` (a folder: under the
+        name the service gives), through a partial file renamed once the sha256 matches."""
+        with self._unreachable(), self._http.stream("GET", path) as got:
+            if got.is_error:
+                got.read()
+                raise_for(got)
+            target = Path(to)
+            if target.is_dir():
+                target = target / (_attachment_name(got) or fallback)
+            partial = target.with_name(f".{target.name}.partial")
+            digest = hashlib.sha256()
+            with partial.open("wb") as out:
+                for chunk in got.iter_bytes():
+                    digest.update(chunk)
+                    out.write(chunk)
+            expected = got.headers.get("X-Checksum-Sha256")
+        if expected != digest.hexdigest():
+            partial.unlink()
+            raise ClientError(
+                f"{path} arrived with sha256 {digest.hexdigest()}, not the service's "
+                f"{expected}; download it again"
+            )
+        os.replace(partial, target)
+        return target
+
     # -- transport -------------------------------------------------------------------
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -578,6 +664,13 @@ def _search(asked: Mapping[str, Any]) -> dict[str, Any]:
         elif value:
             params["filter" if name == "filters" else name] = list(value)
     return params
+
+
+def _attachment_name(response: httpx.Response) -> str | None:
+    """The file name of a `Content-Disposition: attachment; filename="..."`, its last part."""
+    _, found, rest = response.headers.get("Content-Disposition", "").partition('filename="')
+    name = Path(rest.partition('"')[0]).name if found else ""
+    return name or None
 
 
 def _spec(spec: Spec) -> Any:

@@ -231,6 +231,23 @@ class Version(TypedDict):
     created_at: str
 
 
+class Export(TypedDict):
+    """A version's stored export: the served net with a softmax (normalised float32 batch
+    in, class probabilities out), and how close it came to the eager net."""
+
+    model: str
+    version: int
+    format: str  # onnx | torchscript | torch_export
+    sha256: str
+    bytes: int
+    max_abs_diff: float
+    tolerance: float
+    details: dict[str, Any]
+    file: str
+    owner: NotRequired[str | None]
+    created_at: str
+
+
 class Alias(TypedDict):
     alias: str
     version: int
