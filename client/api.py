@@ -350,7 +350,10 @@ class Client:
         names = {artifact["name"] for artifact in self.artifacts(job_id)}
         if "predictions.csv" in names:
             body = self._send("GET", f"/jobs/{job_id}/artifacts/predictions.csv").content
-            return pandas.read_csv(io.BytesIO(body), keep_default_na=False)
+            # Class names stay text ("007" is no number); probabilities are numbers.
+            frame = pandas.read_csv(io.BytesIO(body), dtype=str, keep_default_na=False)
+            chances = [column for column in frame.columns if column.startswith("prob_")]
+            return frame.astype(dict.fromkeys(chances, float))
         body = self._send("GET", f"/jobs/{job_id}/artifacts/predictions.jsonl").content
         return pandas.read_json(io.BytesIO(body), lines=True)
 

@@ -127,6 +127,12 @@ def test_a_predict_job_writes_a_row_per_image_with_the_pinned_model(
     ranks = [f"{kind}_{rank}" for rank in (1, 2, 3) for kind in ("pred", "prob")]
     assert list(rows[0]) == ["file", "label", *ranks]
     assert all(abs(sum(line["probabilities"]) - 1) < 1e-4 for line in lines)
+    key = client.headers["Authorization"].removeprefix("Bearer ")
+    with Client("http://testserver", key, transport=client._transport) as service:
+        frame = service.predictions_frame(job["id"])
+    assert list(frame["pred_1"]) == [row["pred_1"] for row in rows]
+    assert all(isinstance(label, str) for label in frame["label"])
+    assert frame["prob_1"].dtype == "float64"
 
     # The served net's answer for the same images, in file order.
     path = Path(pinned["path"])
