@@ -41,7 +41,7 @@ def stream(
                 sort=sort,
                 limit=PAGE,
                 cursor=cursor,
-                documents=bool(extra),
+                documents=any(field.document == "summary" for field in extra),
             )
             lines = [_line(row(job, extra)) for job in jobs]
         yield b"".join(lines)

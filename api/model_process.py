@@ -390,7 +390,7 @@ def onnxruntime_forward(predictor: Predictor, threads: int) -> Callable[[Tensor]
     """
     net = export.with_softmax(predictor.model)
     batch = export.check_batch(predictor.info)
-    model = export.onnx_bytes_traced(net, batch)
+    model = export.onnx_bytes(net, batch)
     small = export.ort_session(model, threads=1)
     large = export.ort_session(model, threads=threads) if threads > 1 else small
     difference = export.max_abs_diff(lambda x: export.run_ort(large, x), net, batch)

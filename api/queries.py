@@ -65,14 +65,16 @@ def list_jobs(
     """One page of jobs after `cursor`, and the cursor of the next page (None at the end).
 
     `sort` is a sort key of `api.search` (nulls last, ties by id); `documents` loads each
-    job's spec and summary too."""
+    job's summary too."""
     key = search.parse_sort(sort)
     dialect = session.get_bind().dialect.name
     column = search.sort_expression(key.field, dialect)
     nullable = key.field.column != "created_at"
     query = select(Job, column.label("sort_key"))
-    if not documents:  # the runs table shows neither the spec nor the whole summary
-        query = query.options(defer(Job.spec), defer(Job.summary))
+    if not documents:
+        # The runs table reads the spec (a job's queue and needs), never the whole summary;
+        # a deferred spec would cost each row a query of its own.
+        query = query.options(defer(Job.summary))
     query = query.where(*_conditions(filters, dialect))
     if cursor is not None:
         value, after_id = decode_cursor(cursor, key)

@@ -8,17 +8,20 @@ A bare path is in the spec (`spec.` may prefix it); `summary.` reads the summary
 Comparisons are typed: a number compares with numbers only, a string with strings, and
 `true`, `false`, `null` with themselves ("0.1" in quotes is a string). Portable between
 Postgres (json operators) and SQLite (json_extract); a value of another type never errs,
-it does not match.
+it does not match. On Postgres `path=value` on the spec is jsonb containment, which a GIN
+index answers (migration 0008).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, false, func, not_
+from sqlalchemy import ColumnElement, and_, case, cast, false, func, not_
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import InstrumentedAttribute
 
 from core.db.tables import Job
@@ -147,6 +150,8 @@ def _typed(field: Field, op: str, raw: str) -> Value:
     if len(raw) > MAX_VALUE:
         raise ValueError(f"the value is longer than {MAX_VALUE} characters")
     value = raw if op == "~" else _literal(raw)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"the number {raw} is out of range")
     if op in ("<", "<=", ">", ">=") and (value is None or isinstance(value, bool)):
         raise ValueError(f"{op} compares numbers, strings or times, not {raw}")
     if field.column is None:
@@ -217,6 +222,8 @@ def condition(where: Condition, dialect: str) -> ColumnElement[bool]:
 
 def _compare(field: Field, op: str, value: Value, dialect: str) -> ColumnElement[bool]:
     """field op value, typed: NULL (no match) where the field holds another type."""
+    if op == "=" and dialect == "postgresql" and _containable(field, value):
+        return _contains(field, value)
     if field.column is not None:
         left: ColumnElement[Any] = sort_expression(field, dialect)
     elif isinstance(value, bool):
@@ -237,6 +244,20 @@ def _compare(field: Field, op: str, value: Value, dialect: str) -> ColumnElement
     return compare[op](value)
 
 
+def _containable(field: Field, value: Value) -> bool:
+    """Whether jsonb containment tells field = value (no array index on the path)."""
+    return field.document == "spec" and not any(segment.isdigit() for segment in field.path)
+
+
+def _contains(field: Field, value: Value) -> ColumnElement[bool]:
+    """spec::jsonb @> {"a": {"b": value}}: a typed equality that the spec's GIN index
+    (migration 0008) answers, and whose selectivity Postgres knows."""
+    nested: Any = value
+    for segment in reversed(field.path):
+        nested = {segment: nested}
+    return cast(DOCUMENTS["spec"], JSONB).contains(nested)
+
+
 def escape_like(text: str) -> str:
     """`text` with LIKE's wildcards (and the escape character) escaped by a backslash."""
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -252,8 +273,9 @@ _TYPES: dict[str, dict[str, tuple[str, ...]]] = {
 def _json_type(field: Field, dialect: str) -> ColumnElement[str]:
     """The type name of the JSON value at the field's path (NULL where there is none)."""
     document = DOCUMENTS[field.document or "spec"]
-    if dialect == "postgresql":
-        return func.json_typeof(document[field.path])
+    if dialect == "postgresql":  # the spec is json there, the summary jsonb (migration 0008)
+        typeof = func.jsonb_typeof if field.document == "summary" else func.json_typeof
+        return typeof(document[field.path])
     return func.json_type(document, _sqlite_path(field.path))
 
 

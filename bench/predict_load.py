@@ -19,6 +19,7 @@ served (its serving form, batch norms folded, unless --no-fold) and the net as t
     .venv/bin/python -m bench.predict_load --replicas 2 --threads 1
     .venv/bin/python -m bench.predict_load --auth          # every request with an API key
     .venv/bin/python -m bench.predict_load --no-fold       # serve the eager net
+    .venv/bin/python -m bench.predict_load --backend torch # PREDICT_BACKEND (default auto)
     .venv/bin/python -m bench.predict_load --overload      # offer twice the capacity
 
 With --overload it measures admission instead: the capacity (served req/s with wrk at
@@ -52,7 +53,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from api.model_process import by_batch_size
+from api.model_process import BACKENDS, backend_for, forward_for
 from bench.api_load import bench_database, own_redis_db
 from core import jobs, keys, model_registry
 from core.db.session import get_engine, session_scope
@@ -251,6 +252,7 @@ def bare_forward(
     sizes: list[int],
     *,
     fold: bool,
+    backend: str = "torch",
     rounds: int = 5,
     seconds: float = 0.3,
 ) -> dict[int, tuple[float, float]]:
@@ -260,7 +262,7 @@ def bare_forward(
     """
     # The best round: the figure least disturbed by whatever else shares the CPU.
     predictor = Predictor(path, sha256=sha256, fold=fold)
-    forward = by_batch_size(predictor.probabilities)
+    forward = forward_for(predictor, backend_for(backend, "cpu"), torch.get_num_threads())
     results = {}
     for size in sizes:
         batch = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8)
@@ -513,6 +515,13 @@ def main() -> None:
     parser.add_argument(
         "--no-fold", action="store_true", help="Serve the eager net: PREDICT_FOLD_BATCH_NORM=false."
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="PREDICT_BACKEND, for the served runs and the served bare forward "
+        "(`python -m bench.backends` puts torch and onnxruntime side by side).",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
@@ -537,6 +546,7 @@ def main() -> None:
                 "PREDICT_REPLICAS": str(args.replicas),
                 "PREDICT_THREADS": str(args.threads),
                 "PREDICT_FOLD_BATCH_NORM": str(not args.no_fold).lower(),
+                "PREDICT_BACKEND": args.backend,
             }
             png = sample_png(folder)
             script = folder / "predict.lua"
@@ -559,7 +569,8 @@ def main() -> None:
             )
             sizes = sorted({1, 64, *(formed_batch(load) for load in batched)})
             path, sha256 = Path(target.path), target.sha256
-            bare = {"served": bare_forward(path, sha256, sizes, fold=not args.no_fold)}
+            served = bare_forward(path, sha256, sizes, fold=not args.no_fold, backend=args.backend)
+            bare = {"served": served}
             if not args.no_fold:  # and the net as trained, which the targets name too
                 bare["eager"] = bare_forward(path, sha256, sizes, fold=False)
         report(batched, unbatched, bare)

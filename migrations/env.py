@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from alembic import context
 from sqlalchemy import pool
 from sqlalchemy.engine import create_engine
 
-from core.db.tables import Base
+from core.db.tables import SEARCH_INDEXES, Base
 from core.settings import get_settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
 
 
+def include_object(
+    item: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Whether autogenerate compares `item`: not the job search's expression indexes."""
+    return not (type_ == "index" and name in SEARCH_INDEXES)
+
+
 def run_offline() -> None:
-    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True)
+    context.configure(
+        url=url, target_metadata=Base.metadata, literal_binds=True, include_object=include_object
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -27,6 +38,7 @@ def run_online() -> None:
             connection=connection,
             target_metadata=Base.metadata,
             render_as_batch=connection.dialect.name == "sqlite",
+            include_object=include_object,
         )
         with context.begin_transaction():
             context.run_migrations()

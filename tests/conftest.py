@@ -62,6 +62,8 @@ def settings(
         stream_poll_seconds=0.05,
         max_upload_bytes=64 * 1024,
         rate_limit_submits_per_minute=0,  # tests submit in bursts; tests/api/test_limits.py
+        # A model process's ONNX export takes seconds; tests/api/test_backends.py serves it.
+        predict_backend="torch",
     )
 
 

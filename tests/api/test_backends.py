@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,8 +18,8 @@ from training.specs import TrainSpec
 
 
 @pytest.fixture(scope="module")
-def predictor(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
-    """A one-step ResNet-8 on 8x8 images, in its serving form."""
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A one-step ResNet-8 on 8x8 images, and its sha256."""
     root = tmp_path_factory.mktemp("run")
     spec = TrainSpec.model_validate(
         {
@@ -27,9 +30,31 @@ def predictor(tmp_path_factory: pytest.TempPathFactory) -> Predictor:
     )
     fit(spec, load_dataset(spec.dataset, data_root=root), out_dir=root, sink=RecordingSink())
     path = root / "checkpoints" / "best.pt"
-    return Predictor(path, sha256=checkpoints.sha256_of(path), fold=True)
+    return path, checkpoints.sha256_of(path)
 
 
+@pytest.fixture(scope="module")
+def predictor(checkpoint: tuple[Path, str]) -> Predictor:
+    """The checkpoint's net in its serving form, as the torch backend runs it."""
+    path, sha256 = checkpoint
+    return Predictor(path, sha256=sha256, fold=True)
+
+
+@pytest.fixture(scope="module")
+def exported(predictor: Predictor, monkeypatch_module: pytest.MonkeyPatch) -> None:
+    """The net exported to ONNX once for the module (the export takes seconds)."""
+    net = export.with_softmax(predictor.model)
+    model = export.onnx_bytes(net, export.check_batch(predictor.info))
+    monkeypatch_module.setattr(export, "onnx_bytes", lambda *_: model)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.mark.usefixtures("exported")
 def test_onnxruntime_gives_torchs_probabilities_at_small_and_large_batches(
     predictor: Predictor,
 ) -> None:
@@ -50,6 +75,7 @@ def test_auto_is_onnxruntime_on_the_cpu_and_torch_on_a_gpu() -> None:
         backend_for("onnxruntime", "cuda")
 
 
+@pytest.mark.usefixtures("exported")
 def test_an_export_that_disagrees_does_not_serve(
     predictor: Predictor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

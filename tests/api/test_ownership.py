@@ -179,6 +179,14 @@ def test_reads_owner_only_hides_anothers_rows_as_not_found(
     assert owner_only.get(path, headers=alice.headers).json()["name"] == "alice's"
     assert owner_only.get(path, headers=admin.headers).status_code == 200
     assert anonymous.get(path, headers=bob.headers).status_code == 200  # the setting is off there
+    # Edits and the owner filter keep to the same rule.
+    _refused(owner_only.patch(path, json={"note": "x"}, headers=bob.headers), 404, "does not exist")
+    _refused(anonymous.patch(path, json={"note": "x"}, headers=bob.headers), 403, "does not own")
+    theirs = {"owner": job["owner"]}
+    _refused(owner_only.get(JOBS, params=theirs, headers=bob.headers), 403, "READS_OWNER_ONLY")
+    by_owner = owner_only.get(JOBS, params=theirs, headers=admin.headers).json()["items"]
+    assert job["id"] in {row["id"] for row in by_owner}
+    assert mine["id"] not in {row["id"] for row in by_owner}
 
     # An evaluation of a job the caller may not read is refused as if the job did not exist.
     source = trained_job(settings)

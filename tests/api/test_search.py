@@ -178,6 +178,7 @@ def test_json_path_sorts_page_in_order_nulls_last(
         ({"filter": "created_at>soon"}, ["query", "filter"], "ISO"),
         ({"filter": "recipe.lr<null"}, ["query", "filter"], "compares numbers"),
         ({"filter": "a.b.c.d.e.f.g.h.i=1"}, ["query", "filter"], "at most 8"),
+        ({"filter": "recipe.lr=1e999"}, ["query", "filter"], "out of range"),
         ({"sort": "name"}, ["query", "sort"], "summary.<key>"),
         ({"sort": "-summary.Loss"}, ["query", "sort"], "dotted lowercase"),
     ],
