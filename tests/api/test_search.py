@@ -1,4 +1,4 @@
-"""GET /jobs with filter expressions and JSON-path sorts over 24 jobs; the CSV export; PATCH
+"""GET /jobs with filter expressions and JSON-path sorts over 12 jobs; the CSV export; PATCH
 of a job's tags and note; the same filters on SQLite."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _seed_one(url: str, index: int) -> Seeded:
         url,
         name=f"run-{index:02d}",
         tags=tags,
-        model={"name": "resnet20", "options": {"unit": unit} if unit else {}},
+        model={"name": "resnet8", "options": {"unit": unit} if unit else {}},
         dataset={"name": "synthetic" if index % 2 else "digits"},
         recipe={"lr": LRS[index % 4], "augment": index % 5 != 0},
     )
@@ -70,8 +70,8 @@ def _seed_one(url: str, index: int) -> Seeded:
 
 @pytest.fixture(scope="module")
 def seeded(settings: Settings) -> list[Seeded]:
-    """24 jobs of varied specs and summaries."""
-    return [_seed_one(settings.database_url, index) for index in range(24)]
+    """12 jobs of varied specs and summaries."""
+    return [_seed_one(settings.database_url, index) for index in range(12)]
 
 
 def _all_pages(client: TestClient, **params: Any) -> list[str]:
@@ -221,7 +221,7 @@ def _cell(value: Any) -> str:
 def test_patch_edits_tags_and_note_of_ones_own_job(
     client: TestClient, admin: TestClient, settings: Settings
 ) -> None:
-    spec = {"kind": "train", "model": {"name": "resnet20"}, "dataset": {"name": "digits"}}
+    spec = {"kind": "train", "model": {"name": "resnet8"}, "dataset": {"name": "digits"}}
     job_id = client.post(JOBS, json=spec).json()["id"]
     response = client.patch(
         f"{JOBS}/{job_id}", json={"tags": ["keep", "fig6"], "note": "lr too high"}
@@ -269,7 +269,7 @@ def _every(_: Seeded) -> bool:
 
 
 def test_the_filters_work_on_sqlite(sqlite_url: str) -> None:
-    made = [_seed_one(sqlite_url, index) for index in range(12)]
+    made = [_seed_one(sqlite_url, index) for index in range(8)]
     cases = [*CASES, "created_at>=2000-01-01"]
     with session_scope(sqlite_url) as session:
         for expression in cases:
