@@ -368,8 +368,8 @@ BACKENDS = ("auto", "torch", "onnxruntime")
 
 def backend_for(backend: str, device: str) -> str:
     """The backend that runs a model's forward passes: `auto` is ONNX Runtime on the CPU
-    (ResNet-20's served net: 1.3-3x the images/s of torch at batch 1 to 64 here,
-    `python -m bench.predict_load --backend torch,onnxruntime`) and torch on a GPU."""
+    (ResNet-20's served net here: 2.4x torch's images/s at batch 1, 1.1x at 64, and 1.8x
+    to 2x the requests/s served; `python -m bench.backends`) and torch on a GPU."""
     if backend == "auto":
         return "torch" if device.startswith("cuda") else "onnxruntime"
     if backend == "onnxruntime" and device.startswith("cuda"):
