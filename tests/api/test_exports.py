@@ -21,6 +21,7 @@ from core.db.session import session_scope
 from core.db.tables import ModelExport
 from core.settings import Settings
 from tests.api.helpers import make_key, trained_job
+from tests.services import free_port, on_bucket
 from training import export
 from training.runs import load_trained_model
 
@@ -196,3 +197,33 @@ def test_only_the_models_owner_exports_and_deleting_a_version_deletes_its_export
     assert client.delete("/api/v1/registry/doomed/versions/1").status_code == 204
     assert not path.exists()
     assert client.get(made.json()["file"]).status_code == 404
+
+
+def test_an_object_store_that_cannot_be_reached_is_a_503(
+    client: TestClient,
+    settings: Settings,
+    job_id: uuid.UUID,
+    registered: str,
+    no_warm_up: None,
+    tmp_path: Path,
+) -> None:
+    kept = client.post(f"{VERSION}/exports", json={"format": "torchscript"}).json()
+    client.post("/api/v1/registry/unstored/versions", json={"job": str(job_id)})
+    unstored = "/api/v1/registry/unstored/versions/1"
+    dead = on_bucket(settings, f"http://127.0.0.1:{free_port()}", "exports", tmp_path)
+    key = make_key(settings.database_url, "admin")
+    with TestClient(create_app(dead), headers={"Authorization": f"Bearer {key}"}) as api:
+        made = api.post(f"{unstored}/exports", json={"format": "torchscript"})
+        assert made.status_code == 503, made.text
+        assert made.headers["retry-after"]
+        assert api.get(f"{unstored}/exports").json() == []
+        with session_scope(settings.database_url) as session:
+            row = session.query(ModelExport).filter_by(sha256=kept["sha256"]).one()
+            path, row.path = row.path, "jobs/elsewhere/exports/1/model.torchscript.pt"  # a key
+        try:
+            fetched = api.get(kept["file"])
+        finally:
+            with session_scope(settings.database_url) as session:
+                session.query(ModelExport).filter_by(sha256=kept["sha256"]).one().path = path
+    assert fetched.status_code == 503, fetched.text
+    assert "artifact store is unavailable" in fetched.json()["error"]["message"]
