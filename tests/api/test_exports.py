@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.routers import zoo
-from core import artifacts
+from core import artifacts, storage
 from core.db.session import session_scope
 from core.db.tables import ModelExport
 from core.settings import Settings
@@ -26,6 +26,7 @@ from training import export
 from training.runs import load_trained_model
 
 VERSION = "/api/v1/registry/exported/versions/1"
+TORCHSCRIPT = {"format": "torchscript"}  # the quickest export
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +228,26 @@ def test_an_object_store_that_cannot_be_reached_is_a_503(
                 session.query(ModelExport).filter_by(sha256=kept["sha256"]).one().path = path
     assert fetched.status_code == 503, fetched.text
     assert "artifact store is unavailable" in fetched.json()["error"]["message"]
+
+
+def test_exports_live_in_the_bucket_with_an_object_store(
+    client: TestClient,
+    settings: Settings,
+    job_id: uuid.UUID,
+    no_warm_up: None,
+    s3_url: str,
+    tmp_path: Path,
+) -> None:
+    on_s3 = on_bucket(settings, s3_url, "exports", tmp_path)
+    client.post("/api/v1/registry/bucketed/versions", json={"job": str(job_id)})
+    key = make_key(settings.database_url, "admin")
+    with TestClient(create_app(on_s3), headers={"Authorization": f"Bearer {key}"}) as api:
+        made = api.post("/api/v1/registry/bucketed/versions/1/exports", json=TORCHSCRIPT)
+        assert made.status_code == 201, made.text
+        stored = storage.store_for(on_s3)
+        (object_key,) = stored.keys(f"jobs/{job_id}/exports/")
+        with session_scope(settings.database_url) as session:
+            assert session.query(ModelExport).filter_by(path=object_key).count() == 1
+        _checked_download(api.get(made.json()["file"]), made.json()["sha256"])
+        assert api.delete("/api/v1/registry/bucketed/versions/1").status_code == 204
+        assert stored.keys(f"jobs/{job_id}/exports/") == []
