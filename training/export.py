@@ -10,7 +10,8 @@ ONNX goes through `torch.onnx.export(dynamo=True)` (torch.export's graph, transl
 onnxscript, then optimised): the exporter torch maintains, where the TorchScript-based one
 is deprecated; and its graph runs faster in ONNX Runtime (ResNet-20's served net on one
 thread: 0.9 ms at batch 1 and 6.3 ms at batch 8, against 3.9 and 23 ms for the other
-exporter's graph). It takes 1.5 to 3 s for ResNet-20 on a CPU core.
+exporter's graph). It takes about 3 s for ResNet-20 on a CPU core (1.3 s once the
+exporter was used in the process), more on a busy machine.
 """
 
 from __future__ import annotations
