@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +28,12 @@ from models.config import (
     UnitConfig,
 )
 from models.resnet import ResNet
+
+# Counting a net's MACs runs it under a dispatch mode, and torch.fx's and torch.export's
+# traces patch `nn.Module.__call__` for the whole process while they run: a count and a
+# trace in two threads of one process (the API describing the zoo while it exports a
+# net) would see each other's patches. Whoever does either holds this lock.
+TRACING = threading.RLock()
 
 FAMILIES = ("resnet", "plain", "preact_resnet")
 CIFAR_WIDTHS = (16, 32, 64)
@@ -215,6 +222,7 @@ def _measure(
 
     model.train()
     with (
+        TRACING,
         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         FlopCounterMode(display=False) as counter,
     ):

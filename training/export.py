@@ -16,7 +16,6 @@ exporter was used in the process), more on a busy machine.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ import onnxruntime
 import torch
 from torch import Tensor, nn
 
+from models.zoo import TRACING
 from training.data import DatasetInfo
 from training.pipeline import Normalise
 from training.predictor import serving_form
@@ -50,9 +50,6 @@ MAX_BATCH = 4096  # the dynamic batch axis's upper bound (torch.export wants one
 TOLERANCE = 1e-4
 CHECK_BATCH = 8  # images of the check, seeded: the same inputs on every run
 CHECK_SEED = 0
-# torch.fx's trace (the fold) and torch.export patch process-wide state while they run: in
-# a process that exports from several threads (the API), one export at a time.
-_EXPORTING = threading.Lock()
 
 
 class ExportMismatchError(ValueError):
@@ -178,7 +175,7 @@ def export_checked(model: nn.Module, info: DatasetInfo, fmt: Format, path: Path)
     """Write `model`'s served net in `fmt` to `path`, load it back and compare its
     probabilities with the eager net's; `ExportMismatchError` (file removed) if over the bound."""
     batch = check_batch(info)
-    with _EXPORTING:
+    with TRACING:  # one trace or MAC count at a time in a process (see models.zoo)
         net = served_net(model)
         write(net, fmt, batch, path)
     difference = max_abs_diff(load(fmt, path), net, batch)

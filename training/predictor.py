@@ -20,6 +20,7 @@ import torch.fx.experimental.optimization as fx_optimization
 from PIL import Image
 from torch import Tensor, nn
 
+from models.zoo import TRACING
 from training.data import DatasetInfo
 from training.datasets.images import decode
 from training.evaluate import predict_logits
@@ -128,7 +129,8 @@ def serving_form(model: nn.Module) -> nn.Module:
     Probabilities differ from the eager net's by under 1e-6 (tests/training/test_predictor).
     A pre-activation unit's batch norms precede their convolutions and stay.
     """
-    folded = fx_optimization.fuse(model)  # traces the net with torch.fx; copies it
+    with TRACING:  # torch.fx patches module calls process-wide while it traces
+        folded = fx_optimization.fuse(model)  # copies the net
     return folded.to(memory_format=torch.channels_last)
 
 

@@ -21,7 +21,6 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.routers import zoo
 from cli.main import app
 from client import Client
 from core import artifacts
@@ -56,10 +55,6 @@ def model(settings: Settings, client: TestClient) -> uuid.UUID:
         )
         assert added.status_code == 201, added.text
     assert client.put("/api/v1/registry/tiny/aliases/prod", json={"version": 1}).status_code == 200
-    # The run folds the net with torch.fx, whose tracing patches every module's call for the
-    # whole process: the app's zoo warm-up (in a thread here; a worker is a process of its
-    # own) must be done first.
-    zoo.warm_up(threading.Event())
     return job_id
 
 

@@ -15,7 +15,6 @@ import torch
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.routers import zoo
 from core import artifacts, storage
 from core.db.session import session_scope
 from core.db.tables import ModelExport
@@ -30,16 +29,7 @@ TORCHSCRIPT = {"format": "torchscript"}  # the quickest export
 
 
 @pytest.fixture(scope="module")
-def no_warm_up() -> Iterator[None]:
-    """Apps without the zoo's warm-up thread: its forward passes and an export's torch.fx
-    trace (which patches nn.Module calls process-wide) must not overlap."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(zoo, "warm_up", lambda stop: None)
-        yield
-
-
-@pytest.fixture(scope="module")
-def anonymous(settings: Settings, no_warm_up: None) -> Iterator[TestClient]:
+def anonymous(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -58,7 +48,7 @@ def registered(client: TestClient, job_id: uuid.UUID) -> str:
 
 
 @pytest.fixture(scope="module")
-def owner_only(settings: Settings, no_warm_up: None) -> Iterator[TestClient]:
+def owner_only(settings: Settings) -> Iterator[TestClient]:
     """Another API on the database, whose reads keep to the caller's own rows, with a key
     that owns nothing."""
     strict = settings.model_copy(update={"reads_owner_only": True})
@@ -205,7 +195,6 @@ def test_an_object_store_that_cannot_be_reached_is_a_503(
     settings: Settings,
     job_id: uuid.UUID,
     registered: str,
-    no_warm_up: None,
     tmp_path: Path,
 ) -> None:
     kept = client.post(f"{VERSION}/exports", json={"format": "torchscript"}).json()
@@ -234,7 +223,6 @@ def test_exports_live_in_the_bucket_with_an_object_store(
     client: TestClient,
     settings: Settings,
     job_id: uuid.UUID,
-    no_warm_up: None,
     s3_url: str,
     tmp_path: Path,
 ) -> None:

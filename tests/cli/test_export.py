@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.routers import zoo
 from cli.main import app
 from client import Client
 from core.settings import Settings
@@ -23,12 +22,8 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def live_url(settings: Settings) -> Iterator[str]:
-    """The API without the zoo's warm-up thread (whose forward passes must not overlap an
-    export's torch.fx trace, which patches nn.Module calls process-wide)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(zoo, "warm_up", lambda stop: None)
-        with serve(create_app(settings)) as url:
-            yield url
+    with serve(create_app(settings)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,31 @@ def test_a_folding_predictor_classifies_as_the_evaluation_engine_does(
     expected = eager.probabilities(batch)
     torch.testing.assert_close(folding.probabilities(batch), expected, atol=1e-6, rtol=0)
     assert torch.equal(folding.probabilities(batch).argmax(1), expected.argmax(1))
+
+
+def test_folding_and_counting_macs_in_two_threads_leave_each_other_alone() -> None:
+    # torch.fx patches every module's call while it traces: the API counts the zoo's MACs
+    # in one thread while it may fold a net to export it in another.
+    from models.zoo import _measure, resolve
+
+    arch = resolve("resnet20")
+    expected = _measure.__wrapped__(arch, 10, 3, 32)
+    net = build("resnet20").eval()
+    counts: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def count() -> None:
+        try:
+            counts.extend(_measure.__wrapped__(arch, 10, 3, 32) for _ in range(6))
+        except BaseException as error:
+            errors.append(error)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    folded = [serving_form(net) for _ in range(6)]
+    counter.join()
+    assert not errors, errors
+    assert counts == [expected] * 6
+    x = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        assert all(torch.allclose(f(x), net(x), atol=1e-4) for f in folded)
