@@ -33,7 +33,7 @@ from api.model_process import (
     _frame,
     gather,
 )
-from training import checkpoints
+from training import checkpoints, export
 from training.checkpoints import CheckpointError
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -321,3 +321,22 @@ def test_replicas_share_the_requests(two_checkpoints: list[tuple[Path, str]]) ->
             await served.close()
 
     assert run(main) == [1, 1]  # the second request went to the idle process
+
+
+def test_the_onnxruntime_backend_serves_torchs_probabilities_within_the_bound(
+    two_checkpoints: list[tuple[Path, str]],
+) -> None:
+    # The CPU's default backend (PREDICT_BACKEND=auto), end to end through its process.
+    path, sha256 = two_checkpoints[0]
+    batch = np.random.default_rng(2).integers(0, 256, (5, 3, 8, 8), dtype=np.uint8)
+
+    async def main() -> np.ndarray:
+        options = ServingOptions(threads=1, backend="onnxruntime")
+        served = await ModelProcess.start(path, sha256, options)
+        try:
+            return await served.predict(batch)
+        finally:
+            await served.close()
+
+    expected = Predictor(path, sha256=sha256, fold=True).probabilities(torch.from_numpy(batch))
+    assert np.abs(run(main) - expected.numpy()).max() <= export.TOLERANCE
