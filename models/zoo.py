@@ -205,10 +205,12 @@ def _measure(
     arch: Architecture, num_classes: int, in_channels: int, size: int
 ) -> tuple[int, int, int]:
     """Parameters, MACs and saved activation bytes of one training forward pass, one image."""
-    # Built on the meta device: shapes only, no memory, no arithmetic.
+    # Built on the meta device: shapes only, no memory, no arithmetic. Two images, halved
+    # below: a training-mode batch norm refuses a batch of one 1x1 map, which an ImageNet
+    # net's last stage has on 32x32 images.
     with torch.device("meta"):
         model = ResNet(arch, num_classes=num_classes, in_channels=in_channels)
-        image = torch.empty(1, in_channels, size, size)
+        images = torch.empty(2, in_channels, size, size)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -226,11 +228,11 @@ def _measure(
         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         FlopCounterMode(display=False) as counter,
     ):
-        output = model(image)  # held: the graph keeps every saved storage alive till here
+        output = model(images)  # held: the graph keeps every saved storage alive till here
     del output
     params = sum(p.numel() for p in model.parameters())
     # The flop counter counts a multiply-add as 2 FLOPs; the papers' "FLOPs" are MACs.
-    return params, counter.get_total_flops() // 2, sum(saved.values())
+    return params, counter.get_total_flops() // 4, sum(saved.values()) // 2
 
 
 def parse_name(name: str) -> ParsedName:

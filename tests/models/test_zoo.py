@@ -229,3 +229,11 @@ def test_activation_bytes_count_what_backward_keeps() -> None:
     assert models.estimate("resnet110").activation_bytes > 5 * r20.activation_bytes
     small = models.estimate("resnet20", input_size=16)
     assert small.activation_bytes == pytest.approx(r20.activation_bytes / 4, rel=0.05)
+
+
+def test_an_imagenet_net_on_cifar_sized_images_is_counted() -> None:
+    # Its last stage's maps are 1x1 there, which a batch norm refuses for a single image.
+    small = models.estimate("resnet18", input_size=32)
+    full = models.estimate("resnet18")
+    assert small.params == full.params
+    assert small.macs == pytest.approx(full.macs * (32 / 224) ** 2, rel=0.1)
