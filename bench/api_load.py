@@ -51,10 +51,8 @@ from core.db.session import session_scope
 from core.kinds import TrainJobSpec
 from tests.services import REDIS_URL, free_port, throwaway_database
 
-# resnet18 (the ImageNet net) is left out: the spec check refuses it on these datasets
-# ("Expected more than 1 value per channel when training", a batch of one at 1x1).
 MODELS = (
-    *("resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "plain20", "plain56"),
+    *("resnet18", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "plain20", "plain56"),
     *("preact_resnet110", "preact_resnet164"),
 )
 DATASETS = ("cifar10", "cifar10", "cifar10", "cifar100", "digits", "mnist")
