@@ -4,12 +4,14 @@ evaluation draws its confusion matrix."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from PIL import Image
 from playwright.sync_api import Page, expect
 
@@ -207,6 +209,19 @@ def test_register_alias_and_predict_an_uploaded_digit(
     expect(page.locator("[data-model='digits-r8'] h2")).to_contain_text("production → v1")
     expect(page.locator("[data-model='digits-r8'] tr[data-version='1']")).to_contain_text("resnet8")
     screenshot(page, "models")
+    row = card.locator("tr[data-version='1']")
+    with page.expect_download() as download:
+        row.locator("button[data-action=checkpoint]").click()
+    with server.client() as client:
+        version = client.get("/api/v1/registry/digits-r8").json()["versions"][0]
+    assert download.value.suggested_filename == "digits-r8-v1.pt"
+    assert hashlib.sha256(download.value.path().read_bytes()).hexdigest() == version["sha256"]
+    row.locator("select[name=format]").select_option("torchscript")
+    with page.expect_download() as download:
+        row.locator("button[data-action=export]").click()
+    assert download.value.suggested_filename == "digits-r8-v1.torchscript.pt"
+    assert torch.jit.load(download.value.path())(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    expect(row.locator("[data-role=export-status]")).to_contain_text("max |Δp|")
     # More models than a page: the rest come with "more models"; the name filter narrows.
     with server.client() as client:
         for index in range(20):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
+import json
 import uuid
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from api.routers import zoo
 from tests.api.helpers import run_job, trained_job
 from tests.dashboard.helpers import Server, chart_data, screenshot, visit
 from training.events import RecordingSink
@@ -27,7 +26,6 @@ def test_a_predict_jobs_page_shows_its_files_and_confusion_matrix(
         answer = client.post("/api/v1/jobs", json=spec)
     assert answer.status_code == 202, answer.text
     job_id = answer.json()["id"]
-    zoo.warm_up(threading.Event())  # torch.fx's tracing must not meet the server's warm-up
     run_job(server.settings, uuid.UUID(job_id), RecordingSink())
 
     visit(page, server, f"#/runs/{job_id}")
@@ -36,6 +34,9 @@ def test_a_predict_jobs_page_shows_its_files_and_confusion_matrix(
     expect(facts).to_contain_text("top-5 error")
     expect(facts).to_contain_text(f"{source} → job {source}, step 2")
     expect(page.locator("#artifacts")).to_contain_text("predictions.jsonl")
+    with page.expect_download() as download:
+        page.click("#artifacts a[data-artifact='confusion.json']")
+    assert json.loads(download.value.path().read_text())["classes"]
     page.wait_for_function("document.querySelector('#chart-confusion')?.data?.length === 1")
     [heatmap] = chart_data(page, "#chart-confusion")
     assert sum(map(sum, heatmap["z"])) == 24

@@ -62,6 +62,25 @@ export async function api(path, { method = "GET", body, form, signal } = {}) {
   return data;
 }
 
+/** Fetch `path` with the session's key and save it as `filename` (a plain link cannot
+ * send the key, so the file is saved from a blob). */
+export async function save(path, filename) {
+  const response = await fetch(`${API}${path}`, { headers: authHeaders() });
+  if (response.status === 401) {
+    await askForKey("This service asks for an API key.");
+    return save(path, filename);
+  }
+  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+  const url = URL.createObjectURL(await response.blob());
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
 /** A query string from an object, leaving out empty values; arrays repeat the key. */
 export function query(params) {
   const search = new URLSearchParams();

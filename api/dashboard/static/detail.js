@@ -1,7 +1,7 @@
 // Run detail: facts, live log and curves (Server-Sent Events), diagnostics, checkpoints,
 // an evaluation's or a prediction's confusion matrix, and the run's actions.
 
-import { api, follow } from "./api.js";
+import { api, follow, save } from "./api.js";
 import { ERROR_LAYOUT, errorTraces, lineTraces, PALETTE, perBlock, plot } from "./charts.js";
 import { noteCard } from "./notes.js";
 import {
@@ -243,7 +243,23 @@ function drawFacts(card, job) {
         h(
           "span",
           { id: "artifacts" },
-          (summary.artifacts ?? []).map((a) => `${a.name} (${number(a.bytes)} bytes)`).join(", "),
+          (summary.artifacts ?? []).flatMap((a, i) => [
+            i ? ", " : "",
+            h(
+              "a",
+              {
+                href: "#",
+                dataset: { artifact: a.name },
+                title: `sha256 ${a.sha256}`,
+                onclick: (e) => {
+                  e.preventDefault();
+                  save(`/jobs/${job.id}/artifacts/${encodeURIComponent(a.name)}`, a.name);
+                },
+              },
+              a.name,
+            ),
+            ` (${number(a.bytes)} bytes)`,
+          ]),
         ),
       ],
     );

@@ -1,7 +1,7 @@
 // Models: the registry (GET /registry), each model with its versions and aliases,
 // and a link to predict with each.
 
-import { API, ApiError, api } from "./api.js";
+import { API, ApiError, api, save } from "./api.js";
 import { h, notice, number, percent, shortId, when } from "./ui.js";
 
 const PAGE_SIZE = 20;
@@ -103,6 +103,8 @@ function modelCard(model, ctx) {
           { href: `#/predict?model=${encodeURIComponent(`${model.name}/${v.version}`)}` },
           "predict",
         ),
+        " ",
+        downloads(model.name, v.version, ctx),
         ctx.can("train")
           ? [
               " ",
@@ -172,4 +174,55 @@ async function setAlias(name, version) {
     return;
   }
   window.dispatchEvent(new HashChangeEvent("hashchange")); // draw the page again
+}
+
+const FORMATS = ["onnx", "torchscript", "torch_export"];
+
+/** A version's checkpoint to download, and (for keys that may train) its exports: made
+ * on first asking (checked against the eager net, then kept), then downloaded. */
+function downloads(name, version, ctx) {
+  const path = `/registry/${encodeURIComponent(name)}/versions/${version}`;
+  const status = h("span.muted", { dataset: { role: "export-status" } });
+  const checkpoint = h(
+    "button.secondary",
+    {
+      dataset: { action: "checkpoint" },
+      onclick: () =>
+        save(`${path}/checkpoint`, `${name}-v${version}.pt`).catch((e) => {
+          status.textContent = e.message;
+        }),
+    },
+    "checkpoint",
+  );
+  if (!ctx.can("train")) return checkpoint;
+  const format = h(
+    "select",
+    { name: "format", title: "an export of the batch-norm-folded net, with its softmax" },
+    FORMATS.map((f) => h("option", { value: f }, f)),
+  );
+  const exportButton = h(
+    "button.secondary",
+    {
+      dataset: { action: "export" },
+      onclick: async () => {
+        status.textContent = "exporting…";
+        try {
+          const made = await api(`${path}/exports`, {
+            method: "POST",
+            body: { format: format.value },
+          });
+          status.textContent = `max |Δp| ${made.max_abs_diff.toExponential(1)}`;
+          const ending = { onnx: "onnx", torchscript: "torchscript.pt", torch_export: "pt2" };
+          await save(
+            `${path}/exports/${made.format}/file`,
+            `${name}-v${version}.${ending[made.format]}`,
+          );
+        } catch (e) {
+          status.textContent = e.message;
+        }
+      },
+    },
+    "export",
+  );
+  return [checkpoint, " ", format, " ", exportButton, " ", status];
 }

@@ -1,7 +1,7 @@
 // Runs: the job table with filters (and `path op value` expressions), sort, cursor pages,
 // selection for compare, CSV export, live status.
 
-import { API, api, authHeaders, query } from "./api.js";
+import { api, query, save } from "./api.js";
 import {
   ACTIVE,
   duration,
@@ -117,18 +117,7 @@ function csvButton() {
     {
       id: "export-csv",
       title: "every run that passes the filters, as CSV",
-      onclick: async () => {
-        const response = await fetch(`${API}/jobs.csv${query(searchParams())}`, {
-          headers: authHeaders(),
-        });
-        if (!response.ok) return;
-        const link = h("a", {
-          href: URL.createObjectURL(await response.blob()),
-          download: "runs.csv",
-        });
-        link.click();
-        URL.revokeObjectURL(link.href);
-      },
+      onclick: () => save(`/jobs.csv${query(searchParams())}`, "runs.csv").catch(() => {}),
     },
     "Export CSV",
   );

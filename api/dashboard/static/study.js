@@ -2,7 +2,7 @@
 // plain nets left, residual nets right), its results per cell beside the papers' numbers,
 // its jobs, the results files, and its actions. Polls while a job is unfinished.
 
-import { API, ApiError, api, askForKey, authHeaders } from "./api.js";
+import { API, api, save } from "./api.js";
 import { bandTraces, PALETTE, panelAnchors, panelsLayout, plot } from "./charts.js";
 import { ACTIVE, actionButton, h, notice, shortId, statusBadge, when } from "./ui.js";
 
@@ -284,21 +284,4 @@ function downloadLink(parts, path, filename, label) {
     },
     label,
   );
-}
-
-/** Fetch `path` with the session's key and save it as `filename`. */
-async function save(path, filename) {
-  // With the key, which a plain link cannot send; the file is saved from a blob.
-  const response = await fetch(`${API}${path}`, { headers: authHeaders() });
-  if (response.status === 401) {
-    await askForKey("This service asks for an API key.");
-    return save(path, filename);
-  }
-  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
-  const url = URL.createObjectURL(await response.blob());
-  const link = h("a", { href: url, download: filename });
-  document.body.append(link);
-  link.click();
-  link.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
