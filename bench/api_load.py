@@ -52,7 +52,16 @@ from core.kinds import TrainJobSpec
 from tests.services import REDIS_URL, free_port, throwaway_database
 
 MODELS = (
-    *("resnet18", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "plain20", "plain56"),
+    *(
+        "resnet18",
+        "resnet20",
+        "resnet32",
+        "resnet44",
+        "resnet56",
+        "resnet110",
+        "plain20",
+        "plain56",
+    ),
     *("preact_resnet110", "preact_resnet164"),
 )
 DATASETS = ("cifar10", "cifar10", "cifar10", "cifar100", "digits", "mnist")
