@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypedDict
 
@@ -27,6 +27,7 @@ from api.routers import (
     datasets,
     exports,
     health,
+    inference,
     jobs,
     keys,
     model_registry,
@@ -37,6 +38,7 @@ from api.routers import (
     zoo,
 )
 from api.schemas import API_PREFIX
+from api.serving import HotRoute
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
@@ -52,6 +54,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Train, evaluate and compare the ResNets of He et al. (2015, 2016).",
         version="0.1.0",
         lifespan=_lifespan,
+        # OpenTelemetry stays off (the service exports Prometheus metrics, api.telemetry):
+        # FastAPI would otherwise ask the global providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.telemetry = Telemetry(settings)
@@ -61,18 +66,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         API_PREFIX + datasets.router.prefix: settings.max_upload_bytes,
         predict.PATH: predict.body_limit(settings),
     }
-    app.add_middleware(BodyLimit, default=settings.max_request_bytes, by_path=uploads)
+    infer_limit = ((inference.is_infer, inference.body_limit(settings)),)
+    app.add_middleware(
+        BodyLimit, default=settings.max_request_bytes, by_path=uploads, by_test=infer_limit
+    )
     # Each middleware added wraps those before it: the edge runs before limits and bodies.
     ratelimit.install(app, settings)
     # Right after authentication: a full model queue refuses before routing or bodies.
     ttl_s = settings.predict_ref_ttl_ms / 1000
     owners = settings.reads_owner_only
-    app.add_middleware(PredictShed, path=predict.PATH, ttl_s=ttl_s, reads_owner_only=owners)
+    app.add_middleware(
+        PredictShed,
+        path=predict.PATH,
+        ttl_s=ttl_s,
+        reads_owner_only=owners,
+        ref_of=inference.infer_ref,
+    )
     edge.install(app, settings, app.state.keys)
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
     app.include_router(_api())
+    app.include_router(inference.router)  # the Open Inference Protocol, at /v2
+    app.router.routes[:0] = _hot_routes()
     app.include_router(dashboard.router)
     return app
+
+
+def _hot_routes() -> list[HotRoute]:
+    """The prediction routes, matched before every other, each by one regex.
+
+    FastAPI resolves a route of an included router by walking every router's routes on
+    each request; these skip that, and their endpoints read the request themselves. Their
+    FastAPI twins (same path and method, never reached) document them.
+    """
+    v2 = inference.PREFIX + "/models/{name}"
+    return [
+        HotRoute(predict.PATH, predict.predict),
+        HotRoute(v2 + "/infer", inference.infer),
+        HotRoute(v2 + "/versions/{version}/infer", inference.version_infer),
+    ]
 
 
 def _api() -> APIRouter:
@@ -113,7 +144,7 @@ class Serving(TypedDict):
 async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     """Check (or migrate) the schema before serving; describe the zoo in the background."""
     await run_in_threadpool(_prepare_schema, app.state.settings)
-    model_cache = _model_cache(app.state.settings)
+    model_cache = _model_cache(app.state.settings, app.state.telemetry.models.batch)
     stop = threading.Event()
     warm_up = threading.Thread(target=_warm_up, args=(stop,), name="zoo-warm-up")
     warm_up.start()
@@ -138,8 +169,9 @@ def _warm_up(stop: threading.Event) -> None:
     gc.freeze()
 
 
-def _model_cache(settings: Settings) -> ModelCache:
-    """The cache of loaded models that /predict serves from, bounded as configured."""
+def _model_cache(settings: Settings, on_batch: Callable[[str, int], None]) -> ModelCache:
+    """The cache of loaded models that the predictions serve from, bounded as configured;
+    `on_batch` is told each forward pass's size (the metrics)."""
     options = ServingOptions(
         max_batch=settings.predict_max_batch,
         max_wait_s=settings.predict_max_wait_ms / 1000,
@@ -155,6 +187,7 @@ def _model_cache(settings: Settings) -> ModelCache:
         max_bytes=settings.predict_cache_bytes,
         options=options,
         max_starting=settings.predict_max_starting,
+        on_batch=on_batch,
     )
 
 

@@ -1,4 +1,5 @@
-"""Two small caching tools of the API: values kept for a while, and shared computations."""
+"""Small caching tools of the API: values kept for a while, shared computations, and the
+query strings of the hot routes parsed once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
+from urllib.parse import parse_qsl
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -72,3 +74,21 @@ class SingleFlight(Generic[V]):
             return await compute()
         finally:
             del self.running[key]
+
+
+_QUERIES: dict[bytes, dict[str, str]] = {}
+MAX_QUERIES = 1024  # distinct query strings kept; then the memo starts afresh
+MAX_QUERY_BYTES = 512  # longer strings are parsed each time, never kept
+
+
+def query_of(raw: bytes) -> dict[str, str]:
+    """A query string's parameters (the last value of each, as Starlette reads them), parsed
+    once per distinct string: under load a prediction route sees the same few strings."""
+    parsed = _QUERIES.get(raw)
+    if parsed is None:
+        parsed = dict(parse_qsl(raw.decode("latin-1"), keep_blank_values=True))
+        if len(raw) <= MAX_QUERY_BYTES:
+            if len(_QUERIES) >= MAX_QUERIES:
+                _QUERIES.clear()
+            _QUERIES[raw] = parsed
+    return parsed

@@ -6,7 +6,9 @@
 - `AuthFirst`: with auth on, a request that carries a body is authenticated from its
   headers first; without a valid key it is a 401 and its body is never read.
 - `PublicErrors`: error answers carry no server paths; an unexpected exception is a 500
-  that cites an error id, its traceback going to the server log with that id.
+  that cites an error id, its traceback going to the server log with that id. Under
+  `/v2` (the Open Inference Protocol) every error answer takes the protocol's shape,
+  `{"error": "message"}`, and a 422 is the protocol's 400.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ log = logging.getLogger(__name__)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 PRINCIPAL = "principal"  # where AuthFirst leaves the key it checked, in the request's state
+PROTOCOL_PREFIX = "/v2"  # the Open Inference Protocol's routes (api.routers.inference)
+
+
+def is_protocol(path: str) -> bool:
+    """Whether a path is one of the Open Inference Protocol's, whose errors have its shape."""
+    return path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
 
 
 async def answer(
@@ -46,12 +54,17 @@ async def answer(
     headers: Mapping[str, str] | None = None,
     *,
     close: bool = True,
+    bare: bool = False,
 ) -> None:
-    """Answer with the shared error shape; the connection closes (a body may be unread)
-    unless `close` is False (uvicorn discards the rest of a body answered before it came)."""
-    body = ErrorOut.model_validate(
-        {"error": {"code": code, "message": message, "details": []}}
-    ).model_dump_json()
+    """Answer with the shared error shape (`bare`: the protocol's, {"error": message}); the
+    connection closes (a body may be unread) unless `close` is False (uvicorn discards the
+    rest of a body answered before it came)."""
+    if bare:
+        body = json.dumps({"error": message})
+    else:
+        body = ErrorOut.model_validate(
+            {"error": {"code": code, "message": message, "details": []}}
+        ).model_dump_json()
     raw = [(b"content-type", b"application/json")]
     raw += [(b"connection", b"close")] if close else []
     raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
@@ -149,8 +162,9 @@ def _host_name(host: str) -> str:
 
 
 class AuthFirst:
-    """ASGI middleware: with auth on, API requests with a body need a valid key, checked
-    before the body is read; other requests' keys are checked here when they carry one."""
+    """ASGI middleware: with auth on, API requests (under /api/v1 and /v2) with a body need
+    a valid key, checked before the body is read; other requests' keys are checked here
+    when they carry one."""
 
     def __init__(self, app: ASGIApp, settings: Settings, checked: TtlCache[str, Principal]):
         self.app = app
@@ -161,7 +175,7 @@ class AuthFirst:
         if (
             scope["type"] != "http"
             or not self.settings.auth_enabled
-            or not scope["path"].startswith(API_PREFIX + "/")
+            or not (scope["path"].startswith(API_PREFIX + "/") or is_protocol(scope["path"]))
         ):
             await self.app(scope, receive, send)
             return
@@ -213,6 +227,7 @@ class PublicErrors:
         held: Message | None = None  # an error's start, until its body is cleaned
         chunks: list[bytes] = []
         started = False
+        protocol = is_protocol(scope["path"])
 
         async def cleaned(message: Message) -> None:
             nonlocal held, started
@@ -226,7 +241,7 @@ class PublicErrors:
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
-                await self._send_clean(send, held, b"".join(chunks))
+                await self._send_clean(send, held, b"".join(chunks), protocol=protocol)
 
         try:
             await self.app(scope, receive, cleaned)
@@ -234,7 +249,7 @@ class PublicErrors:
             log.warning("%s %s: database unavailable: %s", scope["method"], scope["path"], error)
             if not started:
                 retry = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
-                await answer(send, 503, "unavailable", DATABASE_UNAVAILABLE, retry)
+                await answer(send, 503, "unavailable", DATABASE_UNAVAILABLE, retry, bare=protocol)
         except Exception as error:
             error_id = uuid.uuid4().hex
             log.error(
@@ -247,18 +262,34 @@ class PublicErrors:
             if started:  # the answer is under way: it can only be cut short
                 return
             message = f"an unexpected error occurred; quote error id {error_id} when reporting it"
-            await answer(send, 500, "internal", message, {"X-Error-Id": error_id})
+            await answer(send, 500, "internal", message, {"X-Error-Id": error_id}, bare=protocol)
 
-    async def _send_clean(self, send: Send, start: Message, body: bytes) -> None:
-        """Send a held error answer with its strings' server paths made public."""
+    async def _send_clean(
+        self, send: Send, start: Message, body: bytes, *, protocol: bool = False
+    ) -> None:
+        """Send a held error answer with its strings' server paths made public (and, under
+        the protocol's routes, in the protocol's shape)."""
         try:
-            clean = json.dumps(_public(json.loads(body), self.settings)).encode()
+            cleaned = _public(json.loads(body), self.settings)
         except ValueError:
             clean = body
+        else:
+            if protocol:
+                cleaned = _protocol_shape(cleaned)
+                if start["status"] == 422:  # the protocol has one status for a bad request
+                    start = {**start, "status": 400}
+            clean = json.dumps(cleaned).encode()
         headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(clean)).encode()))
         await send({**start, "headers": headers})
         await send({"type": "http.response.body", "body": clean})
+
+
+def _protocol_shape(body: Any) -> Any:
+    """An error body in the protocol's shape: {"error": "message"}."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return {"error": str(body["error"].get("message", ""))}
+    return body
 
 
 def _is_json(start: Message) -> bool:

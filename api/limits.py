@@ -7,31 +7,49 @@ model whose request queue is full is refused before routing, dependencies or its
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.cache import query_of
 from api.edge import PRINCIPAL, answer
 from api.errors import RETRY_AFTER_S
 from api.schemas import ErrorOut
 from core.owners import Caller
 
+PathTest = Callable[[str], bool]
+
 
 class BodyLimit:
-    """ASGI middleware: bodies up to `default` bytes, or the limit of their exact path."""
+    """ASGI middleware: bodies up to `default` bytes, or the limit of their exact path, or
+    of the first of `by_test` whose test the path passes (paths with parameters)."""
 
-    def __init__(self, app: ASGIApp, default: int, by_path: dict[str, int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        default: int,
+        by_path: dict[str, int],
+        by_test: tuple[tuple[PathTest, int], ...] = (),
+    ) -> None:
         self.app = app
         self.default = default
         self.by_path = by_path
+        self.by_test = by_test
+
+    def limit(self, path: str) -> int:
+        """The body limit of a request path."""
+        limit = self.by_path.get(path)
+        if limit is not None:
+            return limit
+        return next((limit for test, limit in self.by_test if test(path)), self.default)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.by_path.get(scope["path"], self.default)
+        limit = self.limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _refuse(send, limit)
@@ -64,7 +82,8 @@ async def _refuse(send: Send, limit: int) -> None:
 
 
 class PredictShed:
-    """ASGI middleware: POST `path` for a model whose request queue is full is a 503 at once.
+    """ASGI middleware: POST `path` (or a path `ref_of` finds a model reference in) for a
+    model whose request queue is full is a 503 at once.
 
     At twice the capacity, the excess must cost next to nothing, or refusing it starves the
     requests being served. The route admits too (`ModelCache.admit`); this only reads what
@@ -73,16 +92,29 @@ class PredictShed:
     or resolved longer ago than `ttl_s`.
     """
 
-    def __init__(self, app: ASGIApp, path: str, ttl_s: float, reads_owner_only: bool) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        path: str,
+        ttl_s: float,
+        reads_owner_only: bool,
+        ref_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.app = app
         self.path, self.ttl_s, self.reads_owner_only = path, ttl_s, reads_owner_only
+        self.ref_of = ref_of
+
+    def _ref(self, scope: Scope) -> str | None:
+        """The model reference of a prediction request, as its route resolves it."""
+        if scope["path"] == self.path:
+            return query_of(scope["query_string"]).get("model", "")
+        return self.ref_of(scope["path"]) if self.ref_of is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == self.path and scope["method"] == "POST":
+        ref = self._ref(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if ref is not None:
             state = scope.get("state") or {}
             refs, cache = state.get("refs"), state.get("model_cache")
-            query = parse_qs(scope["query_string"].decode("latin-1"))
-            ref = query.get("model", [""])[0]
             target = refs.get(ref, self.ttl_s) if refs is not None and ref else None
             if target is not None and cache is not None and cache.full(target.sha256):
                 # Only a caller that the route would serve learns that the model is busy.

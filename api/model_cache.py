@@ -31,6 +31,7 @@ class ModelCache:
         max_bytes: int = 2 * 1024**3,
         options: ServingOptions | None = None,
         max_starting: int = 2,
+        on_batch: Callable[[str, int], None] | None = None,
     ) -> None:
         self.max_models, self.max_bytes = max_models, max_bytes
         self.options = options or ServingOptions()
@@ -42,6 +43,7 @@ class ModelCache:
         self.start_slots = asyncio.Semaphore(max_starting)
         self.starting_now = self.peak_starting = 0
         self.admitted: Counter[str] = Counter()  # requests in hand per checkpoint sha256
+        self.on_batch = on_batch  # told each forward pass's size (`Replicas.observe`)
 
     @property
     def max_admitted(self) -> int:
@@ -90,6 +92,7 @@ class ModelCache:
 
     async def _start(self, path: Path, sha256: str) -> Replicas:
         served = await self._bounded_start(path, sha256)
+        served.observe(self.on_batch)
         stale = self.entries.pop(sha256, None)  # its process stopped
         if stale is not None:
             self._stop(stale)

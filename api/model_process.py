@@ -54,6 +54,7 @@ _LENGTH = struct.Struct("!Q")
 
 Images = npt.NDArray[np.uint8]  # (N, C, H, W)
 Probabilities = npt.NDArray[np.float32]  # (N, classes)
+Timed = tuple[Probabilities, float]  # and the seconds of the forward pass that made them
 
 
 class Overloaded(RuntimeError):  # noqa: N818 (reads as the state the service is in)
@@ -105,10 +106,14 @@ class ModelProcess:
         self.info = info
         self.bytes = parameter_bytes
         self.max_queue = max_queue
-        self.pending: dict[int, asyncio.Future[Probabilities]] = {}
+        self.pending: dict[int, asyncio.Future[Timed]] = {}
+        self.sent: dict[int, tuple[float, str]] = {}  # each request's write time and tag
+        self.answered = 0.0  # when the last batch's answer arrived
         self.ids = itertools.count()
         # Forward passes per batch size: a bounded histogram for /predict/stats and the bench.
         self.batch_sizes: Counter[int] = Counter()
+        # Told each forward pass's size, with the tag of its first request (the metrics).
+        self.on_batch: Callable[[str, int], None] | None = None
         self.closed = False
         self.loop = asyncio.get_running_loop()  # its socket and futures belong to this loop
         self.listener = asyncio.ensure_future(self._listen())
@@ -146,6 +151,12 @@ class ModelProcess:
 
     async def predict(self, images: Images) -> Probabilities:
         """The class probabilities of a uint8 batch, computed in one of the next forwards."""
+        return (await self.predict_timed(images))[0]
+
+    async def predict_timed(self, images: Images, tag: str = "") -> Timed:
+        """`predict`, with the seconds its forward pass took as seen from here: from when
+        the model's process could start it (its last request written, the pass before it
+        answered) to its answer. `tag` names the request to `on_batch`."""
         if asyncio.get_running_loop() is not self.loop:
             # An app is served by one event loop; another would wait here forever.
             raise RuntimeError("a model process is used from another event loop than its own")
@@ -154,14 +165,16 @@ class ModelProcess:
         if len(self.pending) >= self.max_queue:
             raise Overloaded("the model's request queue is full")
         request = next(self.ids)
-        future: asyncio.Future[Probabilities] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Timed] = self.loop.create_future()
         self.pending[request] = future
         try:
             self.writer.write(_frame((request, images)))
+            self.sent[request] = (time.perf_counter(), tag)
             return await future
         finally:
             # A client that went away cancels its future; its answer is dropped on arrival.
             del self.pending[request]
+            self.sent.pop(request, None)
 
     async def close(self) -> None:
         """Answer what was sent, then stop the process; later `predict`s raise `Closed`."""
@@ -180,8 +193,9 @@ class ModelProcess:
                 if kind == "batch":
                     size, rows = rest
                     self.batch_sizes[size] += 1
+                    forward_s = self._forward_s([request for request, _ in rows], size)
                     for request, probabilities in rows:
-                        self._settle(request, result=probabilities)
+                        self._settle(request, result=(probabilities, forward_s))
                 else:  # "failed": the forward pass raised
                     why, requests = rest
                     for request in requests:
@@ -193,11 +207,22 @@ class ModelProcess:
             for request in list(self.pending):
                 self._settle(request, error=Closed("the model's process stopped"))
 
+    def _forward_s(self, requests: list[int], size: int) -> float:
+        """The seconds a pass of `requests` (`size` images) took, from when it could start
+        to now; `on_batch` is told its size."""
+        now = time.perf_counter()
+        sent = [self.sent[request] for request in requests if request in self.sent]
+        could_start = max([self.answered, *(at for at, _ in sent)])
+        self.answered = now
+        if self.on_batch is not None and sent:
+            self.on_batch(sent[0][1], size)
+        return now - could_start
+
     def _settle(
         self,
         request: int,
         *,
-        result: Probabilities | None = None,
+        result: Timed | None = None,
         error: Exception | None = None,
     ) -> None:
         future = self.pending.get(request)
@@ -244,8 +269,19 @@ class Replicas:
 
     async def predict(self, images: Images) -> Probabilities:
         """The images' probabilities from the process with the fewest requests in flight."""
-        process = min(self.processes, key=lambda process: len(process.pending))
-        return await process.predict(images)
+        return (await self.predict_timed(images))[0]
+
+    async def predict_timed(self, images: Images, tag: str = "") -> Timed:
+        """`predict` with the seconds of its forward pass (`ModelProcess.predict_timed`)."""
+        process = self.processes[0]
+        if len(self.processes) > 1:
+            process = min(self.processes, key=lambda process: len(process.pending))
+        return await process.predict_timed(images, tag)
+
+    def observe(self, on_batch: Callable[[str, int], None] | None) -> None:
+        """Tell `on_batch` each forward pass's size and the tag of its first request."""
+        for process in self.processes:
+            process.on_batch = on_batch
 
     async def close(self) -> None:
         await asyncio.gather(*(process.close() for process in self.processes))

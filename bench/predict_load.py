@@ -1,21 +1,27 @@
-"""POST /predict under load: micro-batching against the bare model and against no batching.
+"""Predictions under load: micro-batching against the bare model and against no batching.
 
-Makes a ResNet-20 checkpoint (one training step on synthetic 32x32 data, written to a
-temporary artifact store), records it as a succeeded job of a fresh Postgres database
+Makes a ResNet-20 checkpoint (one training step on synthetic 32x32 data, written to a temporary
+artifact store), records it as a succeeded job of a fresh Postgres database
 (`resnet_bench_<random>`, dropped at the end) and registers it as `bench`. Then, for
 micro-batching on (PREDICT_MAX_BATCH=64) and off (=1), serves the API with uvicorn in a
 subprocess (auth off unless --auth; one API process, the model in a process of its own)
-and sends single-image 32x32 PNG requests with wrk (a Lua script builds the multipart
-body) at concurrency 1, 8 and 64, reading requests/s and p50/p99 latency from wrk. In the same
-run, the baseline: the bare model's forward pass (`Predictor.probabilities` on every
-core, batches under 8 on one) at batch 1, 64 and the batch sizes micro-batching formed
-(from GET /predict/stats), in this process with nothing else running: for the net as
-served (its serving form, batch norms folded, unless --no-fold) and the net as trained
-(eager).
+and sends single-image 32x32 PNG requests with wrk at concurrency 1, 8 and 64, in each
+request form (`--modes`): `multipart` (POST /api/v1/predict, a multipart form), `raw`
+(POST /api/v1/predict with the PNG as the body, `Content-Type: image/png`) and `v2`
+(POST /v2/models/bench@production/infer, the Open Inference Protocol's binary form: a
+BYTES input after the JSON header, the probabilities back as raw FP32). Per run it reads
+requests/s and p50/p99 latency from wrk, and the CPU time per request of the API process
+and of the model process (utime + stime from /proc/PID/stat before and after). Unbatched
+(PREDICT_MAX_BATCH=1), the first mode only. In the same run, the baseline: the bare
+model's forward pass (`Predictor.probabilities` on every core, batches under 8 on one)
+at batch 1, 64 and the batch sizes micro-batching formed (from GET /predict/stats), in
+this process with nothing else running: for the net as served (its serving form, batch
+norms folded, unless --no-fold) and the net as trained (eager).
 
     apt-get install -y wrk
     .venv/bin/python -m bench.predict_load
     .venv/bin/python -m bench.predict_load --seconds 5     # quicker
+    .venv/bin/python -m bench.predict_load --modes raw,v2  # only these request forms
     .venv/bin/python -m bench.predict_load --replicas 2 --threads 1
     .venv/bin/python -m bench.predict_load --auth          # every request with an API key
     .venv/bin/python -m bench.predict_load --no-fold       # serve the eager net
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
 import os
 import re
 import shutil
@@ -79,29 +86,95 @@ GOAL_OVER_UNBATCHED = 5.0  # c64 throughput / unbatched endpoint's at c64
 GOAL_C1_OVER_BARE_MS = 3.0  # c1 p50 - bare batch-1 forward
 GOAL_C64_P99_MS = 150.0
 
+MODES = ("multipart", "raw", "v2")
+# wrk sends one prepared body (a file this process writes) with these headers.
 LUA = """
-local boundary = "benchboundary"
-local file = io.open("{png}", "rb")
-local image = file:read("*a")
+local file = io.open("{body}", "rb")
+wrk.body = file:read("*a")
 file:close()
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "multipart/form-data; boundary=" .. boundary
-wrk.body = "--" .. boundary .. "\\r\\n"
-  .. 'Content-Disposition: form-data; name="files"; filename="x.png"\\r\\n'
-  .. "Content-Type: image/png\\r\\n\\r\\n" .. image .. "\\r\\n--" .. boundary .. "--\\r\\n"
 """
+BOUNDARY = "benchboundary"
+
+
+@dataclass(frozen=True)
+class Form:
+    """One request form: its path and query (under the server's root), headers and body."""
+
+    mode: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def request_form(mode: str, png: bytes) -> Form:
+    """The single-image request of `mode` (see MODES), as wrk and the open loop send it."""
+    predict = "/api/v1/predict?model=bench@production&top_k=5"
+    if mode == "multipart":
+        body = (
+            (
+                f"--{BOUNDARY}\r\n"
+                'Content-Disposition: form-data; name="files"; filename="x.png"\r\n'
+                "Content-Type: image/png\r\n\r\n"
+            ).encode()
+            + png
+            + f"\r\n--{BOUNDARY}--\r\n".encode()
+        )
+        content_type = f"multipart/form-data; boundary={BOUNDARY}"
+        return Form(mode, predict, {"Content-Type": content_type}, body)
+    if mode == "raw":
+        return Form(mode, predict, {"Content-Type": "image/png"}, png)
+    if mode == "v2":
+        # The BYTES element: its 4-byte little-endian length, then the file (Triton's form).
+        element = len(png).to_bytes(4, "little") + png
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "IMAGE_BYTES",
+                        "datatype": "BYTES",
+                        "shape": [1],
+                        "parameters": {"binary_data_size": len(element)},
+                    }
+                ],
+                "outputs": [{"name": "PROBABILITIES", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        }
+        return Form(mode, "/v2/models/bench@production/infer", headers, header + element)
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def wrk_script(form: Form, folder: Path, headers: dict[str, str]) -> Path:
+    """The Lua script (and its body file) that sends `form` with `headers` added."""
+    body = folder / f"{form.mode}.body"
+    body.write_bytes(form.body)
+    lines = [
+        f'wrk.headers["{name}"] = "{value}"' for name, value in (form.headers | headers).items()
+    ]
+    script = folder / f"{form.mode}.lua"
+    script.write_text(LUA.replace("{body}", str(body)) + "\n".join(lines) + "\n")
+    return script
 
 
 @dataclass(frozen=True)
 class Load:
-    """One wrk run: requests/s, latency percentiles (ms), failed answers, batches formed."""
+    """One wrk run: requests/s, latency percentiles (ms), failed answers, batches formed,
+    and the CPU time the API and the model processes spent per request."""
 
     concurrency: int
     requests_per_s: float
     p50_ms: float
     p99_ms: float
     failed: int
+    requests: int = 0
     batches: Counter[int] = field(default_factory=Counter)  # forward passes per batch size
+    mode: str = "multipart"
+    api_cpu_ms: float = float("nan")  # per request
+    model_cpu_ms: float = float("nan")  # per request, over the model's processes
 
     @property
     def mean_batch(self) -> float:
@@ -201,6 +274,7 @@ def wrk(url: str, script: Path, concurrency: int, seconds: int) -> Load:
         _ms(_find(r"\s50%\s+([\d.]+\w+)", output)),
         _ms(_find(r"\s99%\s+([\d.]+\w+)", output)),
         (int(failed[1]) if failed else 0) + (sum(map(int, errors.groups())) if errors else 0),
+        int(_find(r"(\d+) requests in", output)),
     )
 
 
@@ -218,21 +292,60 @@ def _ms(value: str) -> float:
 
 
 def serve_and_load(
-    env: dict[str, str], headers: dict[str, str], script: Path, png: Path, seconds: int
+    env: dict[str, str], headers: dict[str, str], scripts: dict[str, Path], png: Path, seconds: int
 ) -> list[Load]:
-    """Serve with `env` and load it at each concurrency, noting the batches each run formed."""
-    with api_server(env, headers) as base:
+    """Serve with `env` and load it with each mode's script at each concurrency, noting the
+    batches each run formed and the CPU time each process spent."""
+    pids: list[int] = []
+    with api_server(env, headers, pids) as base:
         url = f"{base}/predict?model=bench@production&top_k=5"
+        root = base.removesuffix("/api/v1")
         # The first request starts the model's process (seconds): before any timed run.
         files = [("files", ("x.png", png.read_bytes(), "image/png"))]
         httpx.post(url, files=files, headers=headers, timeout=120).raise_for_status()
-        wrk(url, script, 8, 2)  # warm-up
+        processes = [pids[0], *model_processes(pids[0])]
         loads = []
-        for concurrency in CONCURRENCY:
-            before = _batch_sizes(base, headers)
-            load = wrk(url, script, concurrency, seconds)
-            loads.append(replace(load, batches=_batch_sizes(base, headers) - before))
+        for mode, script in scripts.items():
+            target = request_form(mode, b"").target
+            wrk(root + target, script, 8, 2)  # warm-up
+            for concurrency in CONCURRENCY:
+                before, cpu = _batch_sizes(base, headers), [cpu_seconds(p) for p in processes]
+                load = wrk(root + target, script, concurrency, seconds)
+                spent = [cpu_seconds(p) - was for p, was in zip(processes, cpu, strict=True)]
+                per = 1000 / max(1, load.requests)
+                loads.append(
+                    replace(
+                        load,
+                        batches=_batch_sizes(base, headers) - before,
+                        mode=mode,
+                        api_cpu_ms=spent[0] * per,
+                        model_cpu_ms=sum(spent[1:]) * per,
+                    )
+                )
     return loads
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) a process has spent so far."""
+    # /proc/PID/stat: the command is in parentheses and may hold spaces; fields after it.
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def model_processes(api_pid: int) -> list[int]:
+    """The API process's children that serve models (`python -m api.model_process`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # it exited meanwhile
+        if parent == api_pid and b"api.model_process" in command:
+            found.append(int(entry.name))
+    return found
 
 
 def _batch_sizes(base: str, headers: dict[str, str]) -> Counter[int]:
@@ -279,6 +392,15 @@ def bare_forward(
     return results
 
 
+GOAL_RAW_OF_BARE = 0.70  # raw and v2 binary c64 req/s / bare served forward at the formed batch
+GOAL_MULTIPART_OF_RAW = 0.85  # multipart c64 req/s / raw body's c64 req/s
+
+
+def of_bare(load: Load, bare: dict[int, tuple[float, float]]) -> float:
+    """A run's req/s over the bare net's images/s at the batch size the run formed."""
+    return load.requests_per_s / bare[formed_batch(load)][0]
+
+
 def report(
     batched: list[Load], unbatched: list[Load], bare: dict[str, dict[int, tuple[float, float]]]
 ) -> None:
@@ -287,47 +409,69 @@ def report(
     `bare` holds the served net's forward ("served") and, when that is the serving form,
     the eager net's ("eager") too.
     """
-    print("\nPOST /predict, one 32x32 PNG per request (wrk -t1, --latency)")
-    header = f"{'batching':<10}{'conc':>6}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'failed':>8}"
-    print(f"{header}{'images/forward':>16}")
+    print("\nOne 32x32 PNG per request (wrk -t1, --latency); CPU ms per request by process")
+    print(
+        f"{'mode':<10}{'batching':<10}{'conc':>5}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'failed':>7}{'img/fwd':>8}{'of bare':>8}{'API cpu':>8}{'model cpu':>10}"
+    )
     for label, loads in (("on (64)", batched), ("off (1)", unbatched)):
         for load in loads:
             print(
-                f"{label:<10}{load.concurrency:>6}{load.requests_per_s:>10.0f}"
-                f"{load.p50_ms:>10.2f}{load.p99_ms:>10.2f}{load.failed:>8}{load.mean_batch:>16.1f}"
+                f"{load.mode:<10}{label:<10}{load.concurrency:>5}{load.requests_per_s:>8.0f}"
+                f"{load.p50_ms:>8.2f}{load.p99_ms:>8.2f}{load.failed:>7}{load.mean_batch:>8.1f}"
+                f"{of_bare(load, bare['served']):>8.2f}{load.api_cpu_ms:>8.2f}"
+                f"{load.model_cpu_ms:>10.2f}"
             )
     print("\nbare ResNet-20 forward (Predictor.probabilities, uint8 in, probabilities out)")
     print(f"{'net':<8}{'batch':>6}{'images/s':>12}{'ms/forward':>12}")
     for net, figures in bare.items():
         for size, (rate, ms) in sorted(figures.items()):
             print(f"{net:<8}{size:>6}{rate:>12.0f}{ms:>12.2f}")
-    c1, c64, off64 = batched[0], batched[-1], unbatched[-1]
+    print("\ngoal                                                   measured     goal   met")
+    for name, value, goal, below in goals(batched, unbatched, bare):
+        met = value <= goal if below else value >= goal
+        print(f"{name:<54}{value:>9.2f}{goal:>9.2f}   {'yes' if met else 'NO'}")
+
+
+def goals(
+    batched: list[Load], unbatched: list[Load], bare: dict[str, dict[int, tuple[float, float]]]
+) -> list[tuple[str, float, float, bool]]:
+    """(name, measured, goal, whether the goal is an upper bound) for this run's figures."""
+    at = {(load.mode, load.concurrency): load for load in batched}
+    first = batched[0].mode
+    c1, c64, off64 = at[first, 1], at[first, 64], unbatched[-1]
     typical = formed_batch(c64)
-    goals = [
+    found = [
         (
-            f"c64 req/s >= {GOAL_OF_BARE:.0%} of bare {net} at batch {size}",
+            f"{first} c64 req/s >= {GOAL_OF_BARE:.0%} of bare {net} at batch {size}",
             c64.requests_per_s / bare[net][size][0],
             GOAL_OF_BARE,
+            False,
         )
         for net in bare
         for size in sorted({64, typical})
     ]
-    goals.append(
+    found.append(
         (
-            f"c64 req/s >= {GOAL_OVER_UNBATCHED:.0f}x unbatched c64",
+            f"{first} c64 req/s >= {GOAL_OVER_UNBATCHED:.0f}x unbatched c64",
             c64.requests_per_s / off64.requests_per_s,
             GOAL_OVER_UNBATCHED,
+            False,
         )
     )
-    print("\ngoal                                                   measured     goal   met")
-    for name, value, goal in goals:
-        print(f"{name:<54}{value:>9.2f}{goal:>9.2f}   {'yes' if value >= goal else 'NO'}")
+    for mode in ("raw", "v2"):
+        if (mode, 64) in at:
+            name = f"{mode} c64 req/s / bare served at its formed batch"
+            found.append((name, of_bare(at[mode, 64], bare["served"]), GOAL_RAW_OF_BARE, False))
+    if ("raw", 64) in at and ("multipart", 64) in at:
+        ratio = at["multipart", 64].requests_per_s / at["raw", 64].requests_per_s
+        found.append(("multipart c64 req/s / raw c64 req/s", ratio, GOAL_MULTIPART_OF_RAW, False))
     over = c1.p50_ms - bare["served"][1][1]
-    met = "yes" if over <= GOAL_C1_OVER_BARE_MS else "NO"
-    name = "c1 p50 - bare served batch-1 forward (ms)"
-    print(f"{name:<54}{over:>9.2f}{GOAL_C1_OVER_BARE_MS:>9.2f}   {met}")
-    met = "yes" if c64.p99_ms < GOAL_C64_P99_MS else "NO"
-    print(f"{'c64 p99 (ms)':<54}{c64.p99_ms:>9.2f}{GOAL_C64_P99_MS:>9.2f}   {met}")
+    found.append(
+        (f"{first} c1 p50 - bare served batch-1 forward (ms)", over, GOAL_C1_OVER_BARE_MS, True)
+    )
+    found.append((f"{first} c64 p99 (ms)", c64.p99_ms, GOAL_C64_P99_MS, True))
+    return found
 
 
 @dataclass(frozen=True)
@@ -359,22 +503,16 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def raw_request(url: str, png: Path, headers: dict[str, str]) -> bytes:
-    """The bytes of one multipart POST of the PNG to `url` (HTTP/1.1, keep-alive)."""
-    parts = httpx.URL(url)
-    body = (
-        b"--benchboundary\r\n"
-        b'Content-Disposition: form-data; name="files"; filename="x.png"\r\n'
-        b"Content-Type: image/png\r\n\r\n" + png.read_bytes() + b"\r\n--benchboundary--\r\n"
-    )
+def raw_request(root: str, form: Form, headers: dict[str, str]) -> bytes:
+    """The bytes of one POST of `form` to the server at `root` (HTTP/1.1, keep-alive)."""
+    parts = httpx.URL(root)
     lines = [
-        f"POST {parts.raw_path.decode()} HTTP/1.1",
+        f"POST {form.target} HTTP/1.1",
         f"Host: {parts.host}:{parts.port}",
-        "Content-Type: multipart/form-data; boundary=benchboundary",
-        f"Content-Length: {len(body)}",
-        *(f"{name}: {value}" for name, value in headers.items()),
+        f"Content-Length: {len(form.body)}",
+        *(f"{name}: {value}" for name, value in (form.headers | headers).items()),
     ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + form.body
 
 
 async def _exchange(
@@ -443,21 +581,30 @@ def _percentile_ms(values: list[float], share: float) -> float:
 
 
 def overload(
-    env: dict[str, str], headers: dict[str, str], script: Path, png: Path, seconds: int, queue: int
+    env: dict[str, str],
+    headers: dict[str, str],
+    form: Form,
+    script: Path,
+    png: Path,
+    seconds: int,
+    queue: int,
 ) -> Overload:
-    """Serve with a queue of `queue` requests, measure its capacity, then offer twice it."""
+    """Serve with a queue of `queue` requests, measure its capacity with `form`, then offer
+    twice it."""
     pids: list[int] = []
     env = env | {"PREDICT_MAX_BATCH": "64", "PREDICT_QUEUE_SIZE": str(queue)}
     with api_server(env, headers, pids) as base:
-        url = f"{base}/predict?model=bench@production&top_k=5"
+        root = base.removesuffix("/api/v1")
+        url = root + form.target
         files = [("files", ("x.png", png.read_bytes(), "image/png"))]
-        httpx.post(url, files=files, headers=headers, timeout=120).raise_for_status()
+        predict = f"{base}/predict?model=bench@production&top_k=5"
+        httpx.post(predict, files=files, headers=headers, timeout=120).raise_for_status()
         wrk(url, script, queue, 2)  # warm-up
         capacity = wrk(url, script, queue, seconds).requests_per_s
         rss_before = rss_mib(pids[0])
         offered = 2 * capacity
         failures: Counter[str] = Counter()
-        request = raw_request(url, png, headers)
+        request = raw_request(root, form, headers)
         results = asyncio.run(open_loop(url, request, offered, seconds, failures))
         rss_after = rss_mib(pids[0])
     served = [s for status, s, _ in results if status == 200]
@@ -484,9 +631,9 @@ def overload(
     )
 
 
-def report_overload(run: Overload, queue: int, seconds: int) -> None:
+def report_overload(run: Overload, mode: str, queue: int, seconds: int) -> None:
     """The overload run's figures."""
-    print(f"\nPOST /predict at twice the capacity (PREDICT_QUEUE_SIZE={queue}, {seconds} s)")
+    print(f"\n{mode} at twice the capacity (PREDICT_QUEUE_SIZE={queue}, {seconds} s)")
     print(f"capacity (wrk -c{queue}, served req/s)   {run.capacity:10.0f}")
     print(f"offered open-loop (req/s)              {run.offered:10.0f}   ({run.sent} sent)")
     print(f"served (req/s)                         {run.served_per_s:10.0f}")
@@ -522,7 +669,16 @@ def main() -> None:
         help="PREDICT_BACKEND, for the served runs and the served bare forward "
         "(`python -m bench.backends` puts torch and onnxruntime side by side).",
     )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"Request forms, in order, comma-separated (of {', '.join(MODES)}); --overload "
+        "and the unbatched runs use the first.",
+    )
     args = parser.parse_args()
+    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    if not modes or set(modes) - set(MODES):
+        sys.exit(f"--modes: choose from {', '.join(MODES)}")
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     load_before = os.getloadavg()[0]
@@ -549,23 +705,26 @@ def main() -> None:
                 "PREDICT_BACKEND": args.backend,
             }
             png = sample_png(folder)
-            script = folder / "predict.lua"
             headers = {}
             if args.auth:  # every request is checked (kept for AUTH_CACHE_SECONDS)
                 with session_scope(url) as session:
                     key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
                 headers = {"Authorization": f"Bearer {key[1]}"}
-            lines = [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
-            script.write_text(LUA.replace("{png}", str(png)) + "\n".join(lines) + "\n")
+            forms = {mode: request_form(mode, png.read_bytes()) for mode in modes}
+            scripts = {mode: wrk_script(form, folder, headers) for mode, form in forms.items()}
             if args.overload:
-                run = overload(env, headers, script, png, args.seconds, args.queue)
-                report_overload(run, args.queue, args.seconds)
+                form, script = forms[modes[0]], scripts[modes[0]]
+                run = overload(env, headers, form, script, png, args.seconds, args.queue)
+                report_overload(run, modes[0], args.queue, args.seconds)
                 load_after = os.getloadavg()[0]
                 print(f"\nload average (1 min) at start {load_before:.2f}, at end {load_after:.2f}")
                 return
-            batched, unbatched = (
-                serve_and_load(env | {"PREDICT_MAX_BATCH": n}, headers, script, png, args.seconds)
-                for n in ("64", "1")
+            batched = serve_and_load(
+                env | {"PREDICT_MAX_BATCH": "64"}, headers, scripts, png, args.seconds
+            )
+            first = {modes[0]: scripts[modes[0]]}
+            unbatched = serve_and_load(
+                env | {"PREDICT_MAX_BATCH": "1"}, headers, first, png, args.seconds
             )
             sizes = sorted({1, 64, *(formed_batch(load) for load in batched)})
             path, sha256 = Path(target.path), target.sha256

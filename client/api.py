@@ -477,12 +477,22 @@ class Client:
 
     # -- predict, health -------------------------------------------------------------
 
-    def predict(self, images: Sequence[Image] | Image, model: str, *, top_k: int = 5) -> Prediction:
+    def predict(
+        self, images: Sequence[Image] | Image, model: str, *, top_k: int = 5, raw: bool = False
+    ) -> Prediction:
         """The top-k classes of each image by `model`: a job id, `name`, `name/3` or
-        `name@alias`. Images are paths, bytes, or (file name, bytes)."""
+        `name@alias`. Images are paths, bytes, or (file name, bytes). With `raw`, one image
+        is sent as the request body (no multipart framing); its result's file is `image`."""
         many = images if isinstance(images, list | tuple) and not _named(images) else [images]
-        files = [("files", _file(image, n)) for n, image in enumerate(cast(list[Image], many))]
         params = {"model": model, "top_k": top_k}
+        if raw:
+            if len(many) != 1:
+                raise ValueError(f"raw sends one image as the body; got {len(many)}")
+            _, data = _file(cast(Image, many[0]), 0)
+            headers = {"Content-Type": _media_type(data)}
+            sent = self._json("POST", "/predict", params=params, content=data, headers=headers)
+            return cast(Prediction, sent)
+        files = [("files", _file(image, n)) for n, image in enumerate(cast(list[Image], many))]
         return cast(Prediction, self._json("POST", "/predict", params=params, files=files))
 
     def health(self) -> Health:
@@ -737,6 +747,17 @@ def _file(image: Image, index: int) -> tuple[str, bytes]:
         return image
     path = Path(image)
     return path.name, path.read_bytes()
+
+
+_SIGNATURES = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"BM", "image/bmp"))
+
+
+def _media_type(data: bytes) -> str:
+    """The Content-Type of an image's bytes, read from its signature (PNG when unknown: the
+    service reads the format from the bytes, and refuses what is not an image)."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for magic, kind in _SIGNATURES if data.startswith(magic)), "image/png")
 
 
 def _pause(deadline: float | None, interval: float, waiting: str) -> None:

@@ -14,6 +14,7 @@ from api import probes
 from api.deps import SettingsDep
 from api.schemas import HealthOut, ReadyOut
 from api.telemetry import Telemetry
+from core.settings import Settings
 
 router = APIRouter(tags=["health"])
 
@@ -32,15 +33,21 @@ async def healthz() -> HealthOut:
 )
 async def readyz(settings: SettingsDep) -> JSONResponse:
     """`SELECT 1` on the database and a broker connection, each within the probe timeout."""
+    checks = await readiness(settings)
+    ready = all(result == "ok" for result in checks.values())
+    body = ReadyOut(status="ok" if ready else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+async def readiness(settings: Settings) -> dict[str, str]:
+    """Per dependency (database, broker): "ok", or why it did not answer in time."""
     timeout = settings.probe_timeout_seconds
     checks: dict[str, str] = {}
     async with anyio.create_task_group() as group:
         database = partial(probes.check_database, settings.database_url)
         group.start_soon(_probe, checks, "database", database, timeout)
         group.start_soon(_probe, checks, "broker", partial(probes.check_broker, settings), timeout)
-    ready = all(result == "ok" for result in checks.values())
-    body = ReadyOut(status="ok" if ready else "unavailable", checks=checks)
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    return checks
 
 
 async def _probe(

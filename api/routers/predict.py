@@ -1,86 +1,52 @@
 """Prediction: classify uploaded images with a registered model or a job's best checkpoint.
 
-A request's reference is resolved (kept for a moment, one resolution per reference at a
-time) and the request takes a place in its model's queue before its body is read (503
-with Retry-After when none is free). Its files' sizes and headers are checked before the
-model is loaded on a cache miss (a request of bad files starts no model), then decoded:
-on the event loop when they are small, in a worker thread otherwise. Its good images go
-to the model's micro-batcher as one submission, which the event loop awaits without
-running the model.
+Two bodies: a multipart form of one or more files, or one image as the raw body
+(`Content-Type: image/png`, `image/jpeg`, `image/webp` or `image/bmp`). Either way the
+route is a thin adapter of `api.serving`, the hot path every prediction route shares: the
+reference is resolved and the request admitted into its model's queue before its body is
+read (503 with Retry-After when no place is free), its files' sizes and headers are
+checked before the model is loaded on a cache miss (a request of bad files starts no
+model), then decoded (on the event loop when they are small, in a worker thread
+otherwise) and sent to the model's micro-batcher as one submission, which the event loop
+awaits without running the model.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import torch
-from fastapi import APIRouter, Query, Request, Response
-from PIL import Image
+from fastapi import APIRouter, Request, Response
 from pydantic_core import to_json
-from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
-from api.deps import PredictKey, ReadKey
-from api.errors import (
-    RETRY_AFTER_S,
-    STORE_UNAVAILABLE,
-    ApiError,
-    BadImageError,
-    OverloadedError,
-    ServerFaultError,
-    StoreDownError,
-    TooLargeError,
-    UnsupportedMediaError,
-    responses,
-)
-from api.model_cache import ModelCache, RefCache
-from api.model_process import (
-    Closed,
-    ForwardError,
-    Overloaded,
-    Probabilities,
-    Replicas,
-)
+from api import serving
+from api.cache import query_of
+from api.deps import ReadKey
+from api.errors import TooLargeError, responses
+from api.model_cache import ModelCache
+from api.model_process import Probabilities
 from api.schemas import (
     API_PREFIX,
     BatcherStats,
-    ErrorDetail,
     PredictOut,
     PredictStats,
 )
-from core import artifacts, model_registry
-from core.db.session import session_scope
-from core.errors import ConflictError, InvalidError
-from core.owners import Caller
+from api.serving import Call, Checked, Upload
+from core import model_registry
+from core.errors import InvalidError
 from core.settings import Settings
-from core.storage import StoreUnavailableError
-from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
-from training.predictor import (
-    ImageRejectedError,
-    ImageTooLargeError,
-    UndecodableImageError,
-    UnsupportedImageError,
-    fit_to,
-    load_checked,
-    open_checked,
-)
 
 router = APIRouter(prefix="/predict", tags=["predict"])
 PATH = API_PREFIX + router.prefix  # this exact path's body limit is sized by `body_limit`
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers of a full request, generously
-
-
-_FILE_ERRORS: dict[type[ImageRejectedError], type[ApiError]] = {
-    UndecodableImageError: BadImageError,
-    ImageTooLargeError: TooLargeError,
-    UnsupportedImageError: UnsupportedMediaError,
-}
+RAW_TYPES = ("image/png", "image/jpeg", "image/webp", "image/bmp")
+RAW_NAME = "image"  # the file name a raw body's result carries
+QUICK_FORM_BYTES = 1024 * 1024  # a multipart body up to this size may be split in one pass
+MAX_REF = 200
+MAX_TOP_K = 1000
 
 
 def body_limit(settings: Settings) -> int:
@@ -88,18 +54,25 @@ def body_limit(settings: Settings) -> int:
     return settings.predict_max_files * settings.predict_max_image_bytes + MULTIPART_OVERHEAD
 
 
-@dataclass
-class _Image:
-    """One uploaded file after checking: its model input, or why it has none."""
-
-    name: str
-    array: np.ndarray | None = None
-    resize: str | None = None
-    error: ImageRejectedError | None = None
-
-
-# The request body, documented by hand: the route reads its form itself (see `predict`).
-_MULTIPART = {
+# The request, documented by hand: the route reads its query and body itself (see
+# `predict`), without FastAPI's dependency solving and body parsing.
+_BINARY = {"type": "string", "format": "binary"}
+_OPENAPI = {
+    "parameters": [
+        {
+            "name": "model",
+            "in": "query",
+            "required": True,
+            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_REF},
+            "description": "A job id, `name` (latest version), `name/3` or `name@alias`.",
+        },
+        {
+            "name": "top_k",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K, "default": 5},
+        },
+    ],
     "requestBody": {
         "required": True,
         "content": {
@@ -110,14 +83,15 @@ _MULTIPART = {
                     "properties": {
                         "files": {
                             "type": "array",
-                            "items": {"type": "string", "format": "binary"},
+                            "items": _BINARY,
                             "description": "One or more PNG/JPEG/WebP/BMP.",
                         }
                     },
                 }
-            }
+            },
+            **{kind: {"schema": _BINARY} for kind in RAW_TYPES},
         },
-    }
+    },
 }
 
 
@@ -126,22 +100,14 @@ _MULTIPART = {
     summary="Classify images",
     response_model=PredictOut,
     responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
-    openapi_extra=_MULTIPART,
+    openapi_extra=_OPENAPI,
 )
-async def predict(
-    request: Request,
-    key: PredictKey,
-    model: Annotated[
-        str,
-        Query(
-            min_length=1,
-            max_length=200,
-            description="A job id, `name` (latest version), `name/3` or `name@alias`.",
-        ),
-    ],
-    top_k: Annotated[int, Query(ge=1, le=1000)] = 5,
-) -> Response:
+async def predict(request: Request) -> Response:
     """The top-k classes of each file, preprocessed as the checkpoint's training was.
+
+    The body is a multipart form of `files`, or one image as the raw body with its
+    Content-Type (`image/png`, `image/jpeg`, `image/webp`, `image/bmp`): the same answer,
+    with one result (file `image`).
 
     Failure rule: when every file is bad, the request fails as a whole with the status of
     the first bad file (400 empty/truncated, 413 too many bytes or pixels, 415 not an
@@ -152,81 +118,65 @@ async def predict(
     queue 503 with Retry-After.
     """
     # The hot path of the service: it runs on the event loop without a thread hop when the
-    # model is running, its reference known and its images small, and it builds its JSON
-    # without FastAPI's body parsing and response validation.
-    started = time.perf_counter()
+    # model is running, its reference known and its images small, and it reads its query
+    # and body and builds its JSON without FastAPI's dependencies, parsing and validation.
     settings: Settings = request.app.state.settings
-    refs: RefCache = request.state.refs
-    ttl_s = settings.predict_ref_ttl_ms / 1000
-    target = await refs.resolve(model, ttl_s, partial(_resolve, settings, model))
-    # Resolved once for every caller (and cached); whether this one may read it, each time.
-    target.check_visible(Caller(key, own_reads_only=settings.reads_owner_only))
-    cache: ModelCache = request.state.model_cache
-    try:  # before the body is read: a request the model has no place for costs nothing
-        cache.admit(target.sha256)
-    except Overloaded as error:
-        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
+    principal = serving.principal_of(request, settings, "predict")
+    model, top_k = _query(request)
+    call = await serving.admit(request, model, principal)
+    status = 500
     try:
-        answer = await _classify(request, settings, cache, target, top_k)
+        answer = await _classify(request, call, top_k)
+        status = 200
+    except Exception as error:
+        status = serving.status_of(error)
+        raise
     finally:
-        cache.release(target.sha256)
-    answer["timing"]["total_ms"] = (time.perf_counter() - started) * 1000
+        call.release(status)
+    answer["timing"]["total_ms"] = (time.perf_counter() - call.started) * 1000
     return Response(to_json(answer), media_type="application/json")
 
 
-async def _classify(
-    request: Request,
-    settings: Settings,
-    cache: ModelCache,
-    target: model_registry.Resolved,
-    top_k: int,
-) -> dict[str, Any]:
-    """Read and check the files, then (only if one is usable) load the model and run it."""
-    async with request.form() as form:  # a malformed body is a 400, a too large one a 413
-        files = _files(form, settings)
-        opened = await _opened_all(settings, files)
-        if all(image is None for _, image in opened):
-            # Refused from their headers, before any model is started for them.
-            raise _all_failed([file for file, _ in opened])
-        served = await _load(settings, cache, target)  # no suspension when it is running
-        images = await _fitted_all(served.info, opened)
-    good = [image.array for image in images if image.array is not None]
-    if not good:
-        raise _all_failed(images)
-    batch = np.stack(good)
-    queued = time.perf_counter()
-    try:
-        try:
-            probabilities = await served.predict(batch)
-        except Closed:  # unloaded or stopped just now: start it again, once
-            served = await _load(settings, cache, target)
-            probabilities = await served.predict(batch)
-    except (Overloaded, Closed) as error:
-        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
-    except ForwardError as error:
-        raise ServerFaultError(f"the model failed on this batch: {error}") from error
-    return {
-        "model": _served_model(target),
-        "preprocessing": _preprocessing(served.info),
-        "results": _results(images, probabilities, served.info, top_k),
-        "timing": {"queue_forward_ms": (time.perf_counter() - queued) * 1000},
-    }
-
-
-def _files(form: FormData, settings: Settings) -> list[UploadFile]:
-    """The uploaded `files` of the form, or 413/422 for too many or none."""
-    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
-    if not files:
+def _query(request: Request) -> tuple[str, int]:
+    """The `model` and `top_k` query parameters, or a 422 naming the one that is wrong."""
+    query = query_of(request.scope["query_string"])
+    model = query.get("model")
+    if model is None:
+        raise InvalidError("model: Field required", field=("query", "model"))
+    if not 1 <= len(model) <= MAX_REF:
         raise InvalidError(
-            "files: send one or more images as multipart/form-data file fields named files",
-            field=("body", "files"),
+            f"model: String should have 1 to {MAX_REF} characters", field=("query", "model")
         )
-    if len(files) > settings.predict_max_files:
-        raise TooLargeError(
-            f"{len(files)} files is over the limit of {settings.predict_max_files} per request; "
-            "send them in several requests"
-        )
-    return files
+    raw = query.get("top_k", "5")
+    try:
+        top_k = int(raw)
+    except ValueError:
+        message = "top_k: Input should be a valid integer, unable to parse string as an integer"
+        raise InvalidError(message, field=("query", "top_k")) from None
+    if not 1 <= top_k <= MAX_TOP_K:
+        message = f"top_k: Input should be between 1 and {MAX_TOP_K}"
+        raise InvalidError(message, field=("query", "top_k"))
+    return model, top_k
+
+
+async def _classify(request: Request, call: Call, top_k: int) -> dict[str, Any]:
+    """Read the body's files, classify them, and the answer (a PredictOut, less total_ms)."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind in RAW_TYPES:
+        files = [await _raw(request, call.settings)]
+        served, checked, probabilities = await serving.classify_files(call, files)
+    elif (quick := await _quick_files(request, call.settings)) is not None:
+        served, checked, probabilities = await serving.classify_files(call, quick)
+    else:
+        async with request.form() as form:  # a malformed body is a 400, a too large one a 413
+            files = _files(form, call.settings)
+            served, checked, probabilities = await serving.classify_files(call, files)
+    return {
+        "model": _served_model(call.target),
+        "preprocessing": _preprocessing(served.info),
+        "results": _results(checked, probabilities, served.info, top_k),
+        "timing": {"queue_forward_ms": call.queue_forward_s * 1000},
+    }
 
 
 @router.get("/stats", summary="Loaded models and their batching", responses=responses(401, 403))
@@ -249,125 +199,132 @@ async def stats(request: Request, _: ReadKey) -> PredictStats:
     return PredictStats(loads=cache.loads, models=models)
 
 
-def _resolve(settings: Settings, ref: str) -> model_registry.Resolved:
-    """What `ref` points at, if its checkpoint lies in the artifact store; else its 4xx."""
-    with session_scope(settings.database_url) as session:
-        target = model_registry.resolve(session=session, ref=ref)
-    if not artifacts.is_stored(settings, target.path):
-        # Only files the service wrote are ever opened, never a path from elsewhere.
-        raise ConflictError(
-            f"the checkpoint of {target.ref!r} lies outside the artifact store; "
-            "register a checkpoint of a job of this service"
+def _files(form: FormData, settings: Settings) -> list[Upload]:
+    """The uploaded `files` of the form, or 413/422 for too many or none."""
+    files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
+    if not files:
+        raise InvalidError(
+            "files: send one or more images as multipart/form-data file fields named files, "
+            f"or one image as the body ({', '.join(RAW_TYPES)})",
+            field=("body", "files"),
         )
-    return target
+    if len(files) > settings.predict_max_files:
+        raise TooLargeError(
+            f"{len(files)} files is over the limit of {settings.predict_max_files} per request; "
+            "send them in several requests"
+        )
+    return [
+        Upload(upload.filename or f"file {index + 1}", upload.file, upload.size or 0)
+        for index, upload in enumerate(files)
+    ]
 
 
-async def _load(settings: Settings, cache: ModelCache, target: model_registry.Resolved) -> Replicas:
-    """The model of a resolved checkpoint, started after its sha256 check on a miss (an
-    object store's checkpoint fetched into the download cache first)."""
-    served = cache.peek(target.sha256)
-    if served is not None:  # a running model serves on while the store is down
-        return served
+async def _raw(request: Request, settings: Settings) -> Upload:
+    """The raw body as one file; unread when its declared length is over the image limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.predict_max_image_bytes:
+        return Upload(RAW_NAME, b"", int(declared))
+    body = await request.body()
+    return Upload(RAW_NAME, body, len(body))
+
+
+async def _quick_files(request: Request, settings: Settings) -> list[Upload] | None:
+    """The files of a small multipart body of plain `files` parts, split in one pass; None
+    for any other body, which the general form parser reads (with its limits and errors).
+
+    Under load most requests are one small file: the general parser's callbacks and
+    spooled files cost more than the image's decoding.
+    """
+    declared = request.headers.get("content-length", "")
+    boundary = _form_boundary(request.headers.get("content-type", ""))
+    if boundary is None or not declared.isdigit() or int(declared) > QUICK_FORM_BYTES:
+        return None
+    parts = _split_files(await request.body(), boundary)  # kept for the parser if None
+    if parts is None or not 1 <= len(parts) <= settings.predict_max_files:
+        return None
+    return [Upload(name, data, len(data)) for name, data in parts]
+
+
+def _form_boundary(content_type: str) -> bytes | None:
+    """The boundary of a plain `multipart/form-data; boundary=...` type, else None."""
+    kind, _, parameters = content_type.partition(";")
+    name, equals, value = parameters.strip().partition("=")
+    if kind.strip().lower() != "multipart/form-data" or name.strip().lower() != "boundary":
+        return None
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if not equals or not 1 <= len(value) <= 70 or any(c in value for c in '";\\\r\n'):
+        return None
+    return value.encode("latin-1")
+
+
+def _split_files(body: bytes, boundary: bytes) -> list[tuple[str, bytes]] | None:
+    """The (file name, bytes) of each part of a multipart body whose every part is a file
+    field `files` with plain headers; None for any other body (the general parser's)."""
+    chunks = (b"\r\n" + body).split(b"\r\n--" + boundary)
+    if len(chunks) < 3 or chunks[0] or chunks[-1] not in (b"--", b"--\r\n"):
+        return None
+    files = []
+    for chunk in chunks[1:-1]:
+        head, separator, data = chunk.partition(b"\r\n\r\n")
+        name = _file_name(head) if separator and head.startswith(b"\r\n") else None
+        if name is None:
+            return None
+        files.append((name, data))
+    return files
+
+
+def _file_name(head: bytes) -> str | None:
+    """The file name of a part's headers, if they are a `files` file's and nothing else."""
+    disposition = None
+    for line in head[2:].split(b"\r\n"):
+        key, colon, value = line.partition(b":")
+        key = key.strip().lower()
+        if not colon:
+            return None
+        if key == b"content-disposition":
+            if disposition is not None:
+                return None
+            disposition = value.strip()
+        elif key != b"content-type":
+            return None
+    if disposition is None or b"\\" in disposition:
+        return None
+    kind, *fields = (field.strip() for field in disposition.split(b";"))
+    parameters: dict[bytes, bytes] = {}
+    for field in fields:
+        key, equals, value = field.partition(b"=")
+        if len(value) >= 2 and value[:1] == value[-1:] == b'"':
+            value = value[1:-1]
+        if not equals or b'"' in value or key.lower() in parameters:
+            return None
+        parameters[key.lower()] = value
+    if kind.lower() != b"form-data" or parameters.keys() != {b"name", b"filename"}:
+        return None
+    if parameters[b"name"] != b"files":
+        return None
     try:
-        path = Path(target.path)
-        if artifacts.is_key(target.path):
-            path = await run_in_threadpool(
-                artifacts.local_file, settings, target.path, target.sha256
-            )
-        return await cache.get(path, target.sha256)
-    except StoreUnavailableError as error:
-        raise StoreDownError(
-            f"{STORE_UNAVAILABLE} (model {target.ref!r} is not loaded yet)"
-        ) from error
-    except CheckpointError as error:
-        raise ConflictError(
-            f"the checkpoint of {target.ref!r} cannot be served: {error}"
-        ) from error
-    except Overloaded as error:  # no start slot freed in time
-        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
-
-
-# A request whose files are this small is checked and decoded on the event loop (a 32x32
-# PNG takes about 35 us), which saves a thread hop; larger ones go to a worker thread.
-INLINE_BYTES = 64 * 1024
-INLINE_PIXELS = 256 * 256
-
-_Opened = tuple[_Image, Image.Image | None]
-
-
-async def _opened_all(settings: Settings, files: list[UploadFile]) -> list[_Opened]:
-    """Every file's size and header checked (nothing decoded yet), or its error."""
-    if any(upload.size is None or upload.size > INLINE_BYTES for upload in files):
-        return await run_in_threadpool(_opened_each, settings, files)
-    return _opened_each(settings, files)
-
-
-def _opened_each(settings: Settings, files: list[UploadFile]) -> list[_Opened]:
-    return [_opened(settings, index, upload) for index, upload in enumerate(files)]
-
-
-def _opened(settings: Settings, index: int, upload: UploadFile) -> _Opened:
-    """A file with its header checked (not yet decoded), or with its error."""
-    name = upload.filename or f"file {index + 1}"
-    limit = settings.predict_max_image_bytes
-    size = upload.size if upload.size is not None else 0
-    if size > limit:  # refused without reading it
-        message = f"{name}: {size:,} bytes is over the limit of {limit:,} per image"
-        return _Image(name, error=ImageTooLargeError(message)), None
-    data = upload.file.read()
-    try:
-        image = open_checked(data, name, max_pixels=settings.predict_max_pixels, load=False)
-    except ImageRejectedError as error:
-        return _Image(name, error=error), None
-    return _Image(name), image
-
-
-async def _fitted_all(info: DatasetInfo, opened: list[_Opened]) -> list[_Image]:
-    """Every checked file decoded and fitted to the model's input: small ones inline."""
-    pixels = sum(image.width * image.height for _, image in opened if image is not None)
-    if pixels > INLINE_PIXELS:
-        return await run_in_threadpool(_fitted_each, info, opened)
-    return _fitted_each(info, opened)
-
-
-def _fitted_each(info: DatasetInfo, opened: list[_Opened]) -> list[_Image]:
-    return [_fitted(info, file, image) for file, image in opened]
-
-
-def _fitted(info: DatasetInfo, file: _Image, image: Image.Image | None) -> _Image:
-    """A checked file decoded and fitted to the model's input, or its error."""
-    if image is None:
-        return file
-    name = file.name
-    try:
-        array, resize = fit_to(load_checked(image, name), info)
-    except ImageRejectedError as error:
-        return _Image(name, error=error)
-    except (OSError, ValueError) as error:  # decodable header, undecodable pixel data
-        return _Image(name, error=UndecodableImageError(f"{name}: cannot be decoded ({error})"))
-    return _Image(name, array=array, resize=resize)
-
-
-def _all_failed(images: list[_Image]) -> ApiError:
-    """The whole request's error when no file is usable: the first bad file's status."""
-    failed = [(index, image.error) for index, image in enumerate(images) if image.error]
-    first = failed[0][1]
-    details = [ErrorDetail(loc=["body", "files", i], msg=str(e)) for i, e in failed]
-    message = "no file could be classified: " + "; ".join(str(e) for _, e in failed)
-    return _FILE_ERRORS[type(first)](message, details=details)
+        return parameters[b"filename"].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _results(
-    images: list[_Image], probabilities: Probabilities, info: DatasetInfo, top_k: int
+    images: list[Checked], probabilities: Probabilities, info: DatasetInfo, top_k: int
 ) -> list[dict[str, object]]:
     """Per file in request order: its top-k classes, or its error (an ImagePrediction)."""
     classes = info.classes
-    values, indices = torch.from_numpy(probabilities).topk(min(top_k, len(classes)), dim=1)
-    rows = iter(zip(values.tolist(), indices.tolist(), strict=True))
+    k = min(top_k, len(classes))
+    # Highest first, a tie in index order; numpy costs no dispatch here (torch's topk did).
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    pairs = zip(probabilities, order, strict=True)
+    rows = ((row[top].tolist(), top.tolist()) for row, top in pairs)
     results: list[dict[str, object]] = []
     for image in images:
         if image.error is not None:
-            error = {"status": _FILE_ERRORS[type(image.error)].status, "message": str(image.error)}
+            status = serving.FILE_ERRORS[type(image.error)].status
+            error = {"status": status, "message": str(image.error)}
             results.append({"file": image.name, "resize": None, "top_k": [], "error": error})
             continue
         scores, labels = next(rows)
