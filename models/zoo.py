@@ -205,12 +205,23 @@ def _measure(
     arch: Architecture, num_classes: int, in_channels: int, size: int
 ) -> tuple[int, int, int]:
     """Parameters, MACs and saved activation bytes of one training forward pass, one image."""
-    # Built on the meta device: shapes only, no memory, no arithmetic. Two images, halved
-    # below: a training-mode batch norm refuses a batch of one 1x1 map, which an ImageNet
-    # net's last stage has on 32x32 images.
+    try:
+        return _forward_costs(arch, num_classes, in_channels, size, batch=1)
+    except ValueError:
+        # A training-mode batch norm refuses a batch of one 1x1 map, which an ImageNet
+        # net's last stage has on 32x32 images: two images, halved.
+        params, macs, saved = _forward_costs(arch, num_classes, in_channels, size, batch=2)
+        return params, macs // 2, saved // 2
+
+
+def _forward_costs(
+    arch: Architecture, num_classes: int, in_channels: int, size: int, *, batch: int
+) -> tuple[int, int, int]:
+    """Parameters, MACs and saved activation bytes of a training forward pass of `batch`."""
+    # Built on the meta device: shapes only, no memory, no arithmetic.
     with torch.device("meta"):
         model = ResNet(arch, num_classes=num_classes, in_channels=in_channels)
-        images = torch.empty(2, in_channels, size, size)
+        images = torch.empty(batch, in_channels, size, size)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -232,7 +243,7 @@ def _measure(
     del output
     params = sum(p.numel() for p in model.parameters())
     # The flop counter counts a multiply-add as 2 FLOPs; the papers' "FLOPs" are MACs.
-    return params, counter.get_total_flops() // 4, sum(saved.values()) // 2
+    return params, counter.get_total_flops() // 2, sum(saved.values())
 
 
 def parse_name(name: str) -> ParsedName:

@@ -249,8 +249,12 @@ def _cursor(parts: Any) -> str:
 @pytest.mark.parametrize(
     ("sort", "parts", "why"),
     [
-        ("-created", ["-created", 123, str(uuid.uuid4())], "its created value is not an ISO time"),
-        ("-created", ["-created", None, 5], "its created value is null"),
+        (
+            "-created",
+            ["-created", 123, str(uuid.uuid4())],
+            "its created_at value is not an ISO time",
+        ),
+        ("-created", ["-created", None, 5], "its created_at value is null"),
         ("-created", ["-created", "2026-11-30T12:00:00+00:00", 5], "its id is not a job id"),
         ("-created", ["-created", "yesterday", str(uuid.uuid4())], "not an ISO time"),
         ("best_test_error", ["best_test_error", "low", str(uuid.uuid4())], "not a number"),
