@@ -315,29 +315,9 @@ class Client:
         """Save one of a job's result files into the folder `to` (or as the file `to`),
         checking the sha256 the service sends; the file's path."""
         target = Path(to)
-        target = target / name if target.is_dir() else target
-        partial = target.with_name(f".{target.name}.partial")
-        digest = hashlib.sha256()
-        with (
-            self._unreachable(),
-            self._http.stream("GET", f"/jobs/{job_id}/artifacts/{name}") as got,
-        ):
-            if got.is_error:
-                got.read()
-                raise_for(got)
-            with partial.open("wb") as out:
-                for chunk in got.iter_bytes():
-                    digest.update(chunk)
-                    out.write(chunk)
-            expected = got.headers.get("X-Checksum-Sha256")
-        if expected != digest.hexdigest():
-            partial.unlink()
-            raise ClientError(
-                f"{name} of job {job_id} arrived with sha256 {digest.hexdigest()}, not the "
-                f"service's {expected}; download it again"
-            )
-        os.replace(partial, target)
-        return target
+        return self._download(
+            f"/jobs/{job_id}/artifacts/{name}", name, target / name if target.is_dir() else target
+        )
 
     def predictions_frame(self, job_id: Id) -> pandas.DataFrame:
         """A predict job's rows as a pandas DataFrame (its CSV, else its JSONL)."""
