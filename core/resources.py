@@ -70,6 +70,15 @@ def resolve(asked: ResourcesSpec, *, macs: float) -> ResourcesSpec:
     return ResourcesSpec(device="any", gpus=0)
 
 
+def one_device(asked: ResourcesSpec, doing: str) -> ResourcesSpec:
+    """`asked` resolved for a job that runs on one device (no MACs known up front);
+    `ValueError` when it asks for several GPUs."""
+    used = resolve(asked, macs=0)
+    if (used.gpus or 0) > 1:
+        raise ValueError(f"{doing} runs on one device: gpus must be 0 or 1, not {used.gpus}")
+    return used
+
+
 def queue_for(gpus: int) -> str:
     """The queue of jobs needing `gpus` GPUs."""
     if gpus == 0:

@@ -44,12 +44,7 @@ class EvaluateJobSpec(Spec):
 
     @model_validator(mode="after")
     def _one_device(self) -> EvaluateJobSpec:
-        used = resources.resolve(self.resources, macs=0)
-        if (used.gpus or 0) > 1:
-            raise ValueError(
-                f"an evaluation runs on one device: gpus must be 0 or 1, not {used.gpus}"
-            )
-        object.__setattr__(self, "resources", used)
+        object.__setattr__(self, "resources", resources.one_device(self.resources, "an evaluation"))
         return self
 
 
@@ -66,13 +61,19 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
         raise InvalidError(
             f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
         )
+    return facts_of(source, spec.dataset)
+
+
+def facts_of(source: Job, dataset: DatasetSpec) -> RowFacts:
+    """The row facts of a job that runs `source`'s net over `dataset`, once that net is
+    checked to fit the memory budget on the dataset's images."""
     trained = training_spec(source.spec)
-    evaluated = admission.shape_of(spec.dataset)
+    evaluated = admission.shape_of(dataset)
     classes = admission.shape_of(trained.dataset).num_classes
     shape = dataclasses.replace(evaluated, num_classes=classes)
     admission.check_evaluate(trained, shape, get_settings())
     return RowFacts(
-        dataset_name=spec.dataset.name,
+        dataset_name=dataset.name,
         model_name=source.model_name,
         model_family=source.model_family,
         depth=source.depth,

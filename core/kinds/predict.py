@@ -11,7 +11,6 @@ object store when there is one, and lists them (name, bytes, sha256) in its summ
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -26,10 +25,9 @@ from core import admission, artifacts, model_registry, resources, uploads
 from core.db.tables import Job, Upload
 from core.errors import ConflictError, InvalidError, NotFoundError
 from core.kinds.base import JobKind, RowFacts, RunContext
-from core.kinds.train import training_spec
+from core.kinds.evaluate import facts_of
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
-from core.settings import get_settings
 from training.batch_predict import Format, Prediction, images_of, predict_split
 from training.checkpoints import sha256_of
 from training.predictor import Predictor
@@ -78,12 +76,7 @@ class PredictJobSpec(Spec):
 
     @model_validator(mode="after")
     def _one_device(self) -> PredictJobSpec:
-        used = resources.resolve(self.resources, macs=0)
-        if (used.gpus or 0) > 1:
-            raise ValueError(
-                f"a prediction runs on one device: gpus must be 0 or 1, not {used.gpus}"
-            )
-        object.__setattr__(self, "resources", used)
+        object.__setattr__(self, "resources", resources.one_device(self.resources, "a prediction"))
         return self
 
     @property
@@ -130,12 +123,7 @@ def record(session: Session, spec: PredictJobSpec) -> RowFacts:
     source = session.get(Job, target.job_id)
     if source is None:
         raise InvalidError(f"the job of {spec.model!r} is gone", field=("body", "model"))
-    trained = training_spec(source.spec)
-    evaluated = admission.shape_of(spec.dataset)
-    classes = admission.shape_of(trained.dataset).num_classes
-    admission.check_evaluate(
-        trained, dataclasses.replace(evaluated, num_classes=classes), get_settings()
-    )
+    facts = facts_of(source, spec.dataset)
     pinned = PinnedModel(
         ref=spec.model,
         job_id=target.job_id,
@@ -146,13 +134,7 @@ def record(session: Session, spec: PredictJobSpec) -> RowFacts:
         sha256=target.sha256,
     )
     object.__setattr__(spec, "resolved", pinned)  # the stored spec holds what runs
-    return RowFacts(
-        dataset_name=spec.dataset.name,
-        model_name=source.model_name,
-        model_family=source.model_family,
-        depth=source.depth,
-        source_job_id=source.id,
-    )
+    return facts
 
 
 def run(spec: PredictJobSpec, context: RunContext) -> dict[str, Any]:
