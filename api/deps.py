@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.cache import TtlCache
-from api.errors import ForbiddenError, UnauthorizedError
+from api.errors import KEY_REQUIRED, ForbiddenError, UnauthorizedError
 from api.model_cache import RefCache
 from core import keys
 from core.db.session import get_engine, session_scope
@@ -84,7 +84,7 @@ async def _principal(
     if not settings.auth_enabled:
         return None
     if credentials is None:
-        raise UnauthorizedError("an API key is required: send `Authorization: Bearer rs_...`")
+        raise UnauthorizedError(KEY_REQUIRED)
     principal = await check_key(request.app.state.keys, settings, credentials.credentials)
     if principal is None:
         raise UnauthorizedError("the API key is malformed, unknown or revoked")
@@ -117,11 +117,17 @@ def _requires(scope: str) -> Callable[[Principal | None], Awaitable[Principal | 
     """A dependency that lets through keys holding `scope` (and everyone when auth is off)."""
 
     async def check(principal: CurrentKey) -> Principal | None:
-        if principal is not None and not principal.allows(scope):
-            raise ForbiddenError(f"this API key lacks the '{scope}' scope")
+        if principal is not None:
+            check_scope(principal, scope)
         return principal
 
     return check
+
+
+def check_scope(principal: Principal, scope: str) -> None:
+    """`ForbiddenError` unless the key holds `scope`."""
+    if not principal.allows(scope):
+        raise ForbiddenError(f"this API key lacks the '{scope}' scope")
 
 
 ReadKey = Annotated[Principal | None, Depends(_requires("read"))]

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.cache import TtlCache
 from api.deps import check_key
-from api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE
+from api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, KEY_REQUIRED
 from api.schemas import API_PREFIX, ErrorOut
 from core.db.session import UNAVAILABLE
 from core.keys import Principal
@@ -184,11 +184,7 @@ class AuthFirst:
         if principal is not None:
             scope.setdefault("state", {})[PRINCIPAL] = principal
         elif scope["method"] not in SAFE_METHODS:
-            message = (
-                "the API key is malformed, unknown or revoked"
-                if key
-                else "an API key is required: send `Authorization: Bearer rs_...`"
-            )
+            message = "the API key is malformed, unknown or revoked" if key else KEY_REQUIRED
             await answer(send, 401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
             return
         await self.app(scope, receive, send)

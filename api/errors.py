@@ -80,6 +80,9 @@ class ServerFaultError(ApiError):
     status = 500
 
 
+# What a request without a key is told where keys are required.
+KEY_REQUIRED = "an API key is required: send `Authorization: Bearer rs_...`"
+
 RETRY_AFTER_S = 1
 
 

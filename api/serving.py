@@ -32,14 +32,15 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from api.deps import check_scope
 from api.edge import PRINCIPAL
 from api.errors import (
     DOMAIN_STATUS,
+    KEY_REQUIRED,
     RETRY_AFTER_S,
     STORE_UNAVAILABLE,
     ApiError,
     BadImageError,
-    ForbiddenError,
     OverloadedError,
     ServerFaultError,
     StoreDownError,
@@ -106,9 +107,8 @@ def principal_of(request: Request, settings: Settings, scope: str) -> Principal 
         return None
     principal: Principal | None = request.scope.get("state", {}).get(PRINCIPAL)
     if principal is None:
-        raise UnauthorizedError("an API key is required: send `Authorization: Bearer rs_...`")
-    if not principal.allows(scope):
-        raise ForbiddenError(f"this API key lacks the '{scope}' scope")
+        raise UnauthorizedError(KEY_REQUIRED)
+    check_scope(principal, scope)
     return principal
 
 
