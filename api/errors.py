@@ -116,6 +116,11 @@ DOMAIN_STATUS: dict[type[DomainError], int] = {
 }
 
 
+def domain_status(error: DomainError) -> int:
+    """The status of a domain error: its nearest class's in `DOMAIN_STATUS`."""
+    return next(DOMAIN_STATUS[cls] for cls in type(error).__mro__ if cls in DOMAIN_STATUS)
+
+
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error statuses a route can answer."""
     return {status: {"model": ErrorOut, "description": _CODES[status]} for status in statuses}
@@ -141,7 +146,7 @@ async def _api_error(_request: Request, error: Exception) -> JSONResponse:
 
 async def _domain_error(_request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, DomainError)
-    status = next(DOMAIN_STATUS[cls] for cls in type(error).__mro__ if cls in DOMAIN_STATUS)
+    status = domain_status(error)
     details = [ErrorDetail(loc=list(error.field), msg=error.message)] if error.field else []
     return _render(status, _CODES[status], error.message, details)
 

@@ -35,7 +35,6 @@ from starlette.types import Scope
 from api.deps import check_scope
 from api.edge import PRINCIPAL
 from api.errors import (
-    DOMAIN_STATUS,
     KEY_REQUIRED,
     RETRY_AFTER_S,
     STORE_UNAVAILABLE,
@@ -47,6 +46,7 @@ from api.errors import (
     TooLargeError,
     UnauthorizedError,
     UnsupportedMediaError,
+    domain_status,
 )
 from api.model_cache import ModelCache, RefCache
 from api.model_process import Closed, ForwardError, Images, Overloaded, Probabilities, Replicas
@@ -238,7 +238,7 @@ def status_of(error: BaseException) -> int:
     if isinstance(error, ApiError):
         return error.status
     if isinstance(error, DomainError):
-        return next(DOMAIN_STATUS[cls] for cls in type(error).__mro__ if cls in DOMAIN_STATUS)
+        return domain_status(error)
     if isinstance(error, HTTPException):  # a body over its limit, or one that is no form
         return 422 if error.status_code == 400 else error.status_code
     if isinstance(error, (StoreUnavailableError, *UNAVAILABLE)):
