@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+from PIL import Image, ImageOps
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif"})
 # Pillow modes without colour; a dataset made only of these is read as one channel.
@@ -31,9 +31,20 @@ def open_image(path: Path) -> Iterator[Image.Image]:
         raise ValueError(f"cannot read image {path}: {error}") from error
 
 
+def normalised(image: Image.Image, channels: int) -> Image.Image:
+    """An open image upright (its EXIF orientation applied) in 8-bit "RGB" or "L"."""
+    image = ImageOps.exif_transpose(image) or image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # Pillow's convert clips 16-bit values at 255: scale the range to 8 bits instead.
+        values = np.asarray(image, dtype=np.uint32)
+        shift = 8 if image.mode != "I" or values.max(initial=0) > 255 else 0
+        image = Image.fromarray((values >> shift).clip(0, 255).astype(np.uint8), "L")
+    return image.convert("L" if channels == 1 else "RGB")
+
+
 def decode(image: Image.Image, channels: int, size: tuple[int, int]) -> npt.NDArray[np.uint8]:
-    """An open image as uint8 (C, H, W): converted to RGB or L and resized to (H, W)."""
-    image = image.convert("L" if channels == 1 else "RGB")
+    """An open image as uint8 (C, H, W): upright, in RGB or L and resized to (H, W)."""
+    image = normalised(image, channels)
     height, width = size
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.BILINEAR)
