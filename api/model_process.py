@@ -49,6 +49,7 @@ from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
 from training.pipeline import Normalise
 from training.predictor import Predictor
+from training.preprocess import Preprocessing
 
 _LENGTH = struct.Struct("!Q")
 
@@ -98,12 +99,14 @@ class ModelProcess:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         info: DatasetInfo,
+        preprocessing: Preprocessing,
         parameter_bytes: int,
         max_queue: int,
     ) -> None:
         self.process = process
         self.reader, self.writer = reader, writer
         self.info = info
+        self.preprocessing = preprocessing
         self.bytes = parameter_bytes
         self.max_queue = max_queue
         self.pending: dict[int, asyncio.Future[Timed]] = {}
@@ -146,8 +149,8 @@ class ModelProcess:
             await _stop(process)
             why = hello[1] if hello else f"its process exited with {process.returncode}"
             raise CheckpointError(why)
-        _, info, parameter_bytes = hello
-        return cls(process, reader, writer, info, parameter_bytes, options.max_queue)
+        _, info, preprocessing, parameter_bytes = hello
+        return cls(process, reader, writer, info, preprocessing, parameter_bytes, options.max_queue)
 
     async def predict(self, images: Images) -> Probabilities:
         """The class probabilities of a uint8 batch, computed in one of the next forwards."""
@@ -240,6 +243,7 @@ class Replicas:
     def __init__(self, processes: list[ModelProcess]) -> None:
         self.processes = processes
         self.info = processes[0].info
+        self.preprocessing = processes[0].preprocessing
         self.bytes = sum(process.bytes for process in processes)
 
     @classmethod
@@ -432,7 +436,7 @@ def onnxruntime_forward(predictor: Predictor, threads: int) -> Callable[[Tensor]
     difference = export.max_abs_diff(lambda x: export.run_ort(large, x), net, batch)
     if not difference <= export.TOLERANCE:
         raise export.ExportMismatchError("onnx", difference)
-    normalise = Normalise(predictor.info, torch.device("cpu"), channels_last=False)
+    normalise = Normalise(predictor.preprocessing, torch.device("cpu"), channels_last=False)
 
     def run(images: Tensor) -> Tensor:
         session = small if images.shape[0] < SMALL_BATCH else large
@@ -463,7 +467,7 @@ def serve(channel: _Channel, args: argparse.Namespace) -> None:
         return
     gc.collect()
     gc.freeze()  # torch and the net live as long as the process: never scan them again
-    channel.send(("ready", predictor.info, predictor.bytes))
+    channel.send(("ready", predictor.info, predictor.preprocessing, predictor.bytes))
     ended = False
     while not ended:
         batch, ended = gather(channel, args.max_batch, args.max_wait_s)

@@ -677,10 +677,15 @@ class ServedModel(BaseModel):
 
 
 class Preprocessing(BaseModel):
-    """The checkpoint's training preprocessing, applied to every image."""
+    """The checkpoint's declared preprocessing, applied to every image."""
 
     channels: int
-    input_size: list[int] = Field(description="[height, width]")
+    input_size: list[int] = Field(description="[height, width]: the centre crop, the net's input")
+    resize: int | None = Field(
+        description="The shorter side is resized to this before the crop; null: the whole "
+        "image is resized to the input size"
+    )
+    interpolation: str
     mean: list[float]
     std: list[float]
 

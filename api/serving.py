@@ -60,7 +60,6 @@ from core.owners import Caller
 from core.settings import Settings
 from core.storage import StoreUnavailableError
 from training.checkpoints import CheckpointError
-from training.data import DatasetInfo
 from training.predictor import (
     ImageRejectedError,
     ImageTooLargeError,
@@ -70,6 +69,7 @@ from training.predictor import (
     load_checked,
     open_checked,
 )
+from training.preprocess import Preprocessing
 
 FILE_ERRORS: dict[type[ImageRejectedError], type[ApiError]] = {
     UndecodableImageError: BadImageError,
@@ -311,25 +311,25 @@ def opened(settings: Settings, upload: Upload) -> Opened:
     return Checked(name), image
 
 
-async def fitted_all(info: DatasetInfo, files: list[Opened]) -> list[Checked]:
+async def fitted_all(preprocessing: Preprocessing, files: list[Opened]) -> list[Checked]:
     """Every checked file decoded and fitted to the model's input: small ones inline."""
     pixels = sum(image.width * image.height for _, image in files if image is not None)
     if pixels > INLINE_PIXELS:
-        return await run_in_threadpool(_fitted_each, info, files)
-    return _fitted_each(info, files)
+        return await run_in_threadpool(_fitted_each, preprocessing, files)
+    return _fitted_each(preprocessing, files)
 
 
-def _fitted_each(info: DatasetInfo, files: list[Opened]) -> list[Checked]:
-    return [fitted(info, file, image) for file, image in files]
+def _fitted_each(preprocessing: Preprocessing, files: list[Opened]) -> list[Checked]:
+    return [fitted(preprocessing, file, image) for file, image in files]
 
 
-def fitted(info: DatasetInfo, file: Checked, image: Image.Image | None) -> Checked:
+def fitted(preprocessing: Preprocessing, file: Checked, image: Image.Image | None) -> Checked:
     """A checked file decoded and fitted to the model's input, or its error."""
     if image is None:
         return file
     name = file.name
     try:
-        array, resize = fit_to(load_checked(image, name), info)
+        array, resize = fit_to(load_checked(image, name), preprocessing)
     except ImageRejectedError as error:
         return Checked(name, error=error)
     except (OSError, ValueError) as error:  # decodable header, undecodable pixel data
@@ -359,7 +359,7 @@ async def classify_files(
         # Refused from their headers, before any model is started for them.
         raise all_failed([file for file, _ in opened])
     served = await call.model()  # no suspension when it is running
-    checked = await fitted_all(served.info, opened)
+    checked = await fitted_all(served.preprocessing, opened)
     good = [file.array for file in checked if file.array is not None]
     if not good or (strict and len(good) < len(checked)):
         raise all_failed(checked)

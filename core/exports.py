@@ -107,7 +107,8 @@ def create(
     if found is not None:
         return found, False
     checkpoint = artifacts.local_file(settings, target.path, target.sha256)
-    model, info, _ = load_trained_model(checkpoint, sha256=target.sha256)
+    trained = load_trained_model(checkpoint, sha256=target.sha256)
+    model, info = trained.model, trained.info
     object_key = key(target.job_id, target.id, fmt)
     with tempfile.TemporaryDirectory(prefix="export-") as folder:
         path = Path(folder) / Path(object_key).name

@@ -25,6 +25,7 @@ from training.diagnostics import BlockProbe
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
 from training.pipeline import Augmentation, make_batches, seed_of
+from training.preprocess import preprocessing_for
 from training.ranks import STOP_EVERY, Ranks
 from training.recipe import (
     augment_flip,
@@ -411,6 +412,7 @@ def _checkpoint_state(
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "spec": spec.model_dump(mode="json"),
         "data": info.to_record(),
+        "preprocessing": preprocessing_for(spec.dataset, info).to_record(),
         "loop": {
             "warming_up": state.warming_up,
             "best_error": state.best_error,

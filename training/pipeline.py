@@ -22,6 +22,7 @@ from torchvision.transforms import v2
 
 from training.data import Batches, DatasetInfo, FileSplit, Split, TensorSplit
 from training.datasets.images import read_image
+from training.preprocess import Preprocessing
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,9 @@ class _Schedule:
 class Normalise:
     """uint8 images to float32 minus the mean over the std, on the [0, 1] scale."""
 
-    def __init__(self, info: DatasetInfo, device: torch.device, *, channels_last: bool) -> None:
+    def __init__(
+        self, info: DatasetInfo | Preprocessing, device: torch.device, *, channels_last: bool
+    ) -> None:
         mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
         std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
         # x / 255 / std - mean / std as one multiply and one add over the batch.

@@ -2,9 +2,9 @@
 
 Untrusted image bytes are checked before they are decoded: an allowed format, a pixel
 limit read from the header (a decompression bomb is refused without decoding), and a
-complete file. A checked image is converted to the checkpoint's channels and size and
-normalised by the same code as the training pipeline, so a training image classifies
-exactly as the evaluation engine scores it.
+complete file. A checked image becomes input through the checkpoint's declared
+preprocessing (`training.preprocess`) and is normalised by the same code as the training
+pipeline, so a training image classifies exactly as the evaluation engine scores it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from PIL import Image
 from torch import Tensor, nn
 
 from models.zoo import TRACING
-from training.data import DatasetInfo
-from training.datasets.images import decode
 from training.evaluate import predict_logits
 from training.pipeline import Normalise
+from training.preprocess import Preprocessing
 from training.runs import load_trained_model
 
 ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "BMP"})
@@ -90,25 +89,10 @@ def load_checked(image: Image.Image, name: str) -> Image.Image:
     return image
 
 
-def fit_to(image: Image.Image, info: DatasetInfo) -> tuple[np.ndarray, str]:
-    """The image as the checkpoint's uint8 (C, H, W) input, and how it was resized.
-
-    Same aspect ratio: resized (or kept). Other aspect: the shorter side is resized to the
-    input and the centre cropped, so nothing is stretched.
-    """
-    height, width = info.image_size
-    if image.size == (width, height):
-        return decode(image, info.channels, info.image_size), "none"
-    if image.width * height == image.height * width:
-        return decode(image, info.channels, info.image_size), "resize"
-    scale = max(width / image.width, height / image.height)
-    resized = image.resize(
-        (max(width, round(image.width * scale)), max(height, round(image.height * scale))),
-        Image.Resampling.BILINEAR,
-    )
-    left, top = (resized.width - width) // 2, (resized.height - height) // 2
-    cropped = resized.crop((left, top, left + width, top + height))
-    return decode(cropped, info.channels, info.image_size), "resize+center-crop"
+def fit_to(image: Image.Image, preprocessing: Preprocessing) -> tuple[np.ndarray, str]:
+    """The image as the checkpoint's uint8 (C, H, W) input, by its declared preprocessing,
+    and what that did to it ("none", "resize" or "resize+center-crop")."""
+    return preprocessing.image(image), preprocessing.describe(image)
 
 
 @dataclass(frozen=True)
@@ -150,10 +134,11 @@ class Predictor:
         fold: bool = False,
     ) -> None:
         self.device = device or torch.device("cpu")
-        model, self.info, self.spec = load_trained_model(path, sha256=sha256, device=self.device)
-        self.model: nn.Module = serving_form(model) if fold else model
+        trained = load_trained_model(path, sha256=sha256, device=self.device)
+        self.info, self.spec, self.preprocessing = trained.info, trained.spec, trained.preprocessing
+        self.model: nn.Module = serving_form(trained.model) if fold else trained.model
         self.sha256 = sha256
-        self.normalise = Normalise(self.info, self.device, channels_last=fold)
+        self.normalise = Normalise(self.preprocessing, self.device, channels_last=fold)
         self.bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @torch.inference_mode()

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
 from training.loop import build_model, fit
 from training.pipeline import make_batches
+from training.preprocess import Preprocessing, preprocessing_of
 from training.ranks import Ranks
-from training.specs import DatasetSpec, TrainSpec
+from training.specs import DatasetSpec, ModelSpec, TrainSpec
 
 
 def train(
@@ -112,16 +114,32 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A checkpoint's net in eval mode, its training data's info, its spec as stored, and
+    the preprocessing it declares."""
+
+    model: models.ResNet
+    info: DatasetInfo
+    spec: dict[str, Any]
+    preprocessing: Preprocessing
+
+
 def load_trained_model(
     path: Path, *, sha256: str | None = None, device: torch.device | None = None
-) -> tuple[models.ResNet, DatasetInfo, dict[str, Any]]:
-    """The net of a checkpoint in eval mode, its training data's info, and its spec."""
+) -> Trained:
+    """The net of a checkpoint (a run's, or imported weights'), ready to predict.
+
+    Only the spec's model and the data's record are read, so a checkpoint that imported
+    weights from elsewhere needs no dataset or recipe.
+    """
     saved = checkpoints.load(path, sha256=sha256)
-    spec = TrainSpec.model_validate(saved["spec"])
+    net = ModelSpec.model_validate(saved["spec"]["model"])
     info = DatasetInfo.from_record(saved["data"])
-    model = build_model(spec.model, info)
+    model = build_model(net, info)
     model.load_state_dict(saved["model"])
-    return model.to(device or torch.device("cpu")).eval(), info, saved["spec"]
+    model = model.to(device or torch.device("cpu")).eval()
+    return Trained(model, info, saved["spec"], preprocessing_of(saved))
 
 
 def evaluate_checkpoint(
@@ -139,7 +157,8 @@ def evaluate_checkpoint(
     With `sha256`, the file must have it (the service passes the database's record).
     """
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, trained_on, _ = load_trained_model(path, sha256=sha256, device=device)
+    trained = load_trained_model(path, sha256=sha256, device=device)
+    model, trained_on = trained.model, trained.info
     data = load_dataset(dataset, data_root=data_root, download=download)
     if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
         raise ValueError(

@@ -38,6 +38,7 @@ from core import model_registry
 from core.errors import InvalidError
 from core.settings import Settings
 from training.data import DatasetInfo
+from training.preprocess import Preprocessing
 
 router = APIRouter(prefix="/predict", tags=["predict"])
 PATH = API_PREFIX + router.prefix  # this exact path's body limit is sized by `body_limit`
@@ -173,7 +174,7 @@ async def _classify(request: Request, call: Call, top_k: int) -> dict[str, Any]:
             served, checked, probabilities = await serving.classify_files(call, files)
     return {
         "model": _served_model(call.target),
-        "preprocessing": _preprocessing(served.info),
+        "preprocessing": _preprocessing(served.preprocessing),
         "results": _results(checked, probabilities, served.info, top_k),
         "timing": {"queue_forward_ms": call.queue_forward_s * 1000},
     }
@@ -348,11 +349,13 @@ def _served_model(target: model_registry.Resolved) -> dict[str, object]:
     }
 
 
-def _preprocessing(info: DatasetInfo) -> dict[str, object]:
-    """The checkpoint's training preprocessing (a Preprocessing)."""
+def _preprocessing(preprocessing: Preprocessing) -> dict[str, object]:
+    """The checkpoint's declared preprocessing (a schemas.Preprocessing)."""
     return {
-        "channels": info.channels,
-        "input_size": list(info.image_size),
-        "mean": list(info.mean),
-        "std": list(info.std),
+        "channels": preprocessing.channels,
+        "input_size": list(preprocessing.crop),
+        "resize": preprocessing.resize,
+        "interpolation": preprocessing.interpolation,
+        "mean": list(preprocessing.mean),
+        "std": list(preprocessing.std),
     }

@@ -30,9 +30,11 @@ from training.predictor import (
     open_checked,
     serving_form,
 )
+from training.preprocess import Preprocessing
 from training.specs import TrainSpec
 
 INFO = DatasetInfo("t", ("a", "b"), 3, (8, 8), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+PREPROCESSING = Preprocessing.of(INFO)
 
 
 def test_a_valid_png_opens() -> None:
@@ -76,19 +78,19 @@ def test_a_decompression_bomb_is_refused_without_decoding() -> None:
 
 
 def test_fit_to_resizes_crops_and_converts() -> None:
-    same, how = fit_to(Image.new("RGB", (8, 8), (255, 0, 0)), INFO)
+    same, how = fit_to(Image.new("RGB", (8, 8), (255, 0, 0)), PREPROCESSING)
     assert how == "none"
     assert same.shape == (3, 8, 8)
     assert same[0].min() == 255
-    assert fit_to(Image.new("RGB", (32, 32)), INFO)[1] == "resize"
+    assert fit_to(Image.new("RGB", (32, 32)), PREPROCESSING)[1] == "resize"
     wide = Image.new("RGB", (40, 16), (0, 0, 0))
     wide.paste((255, 255, 255), (16, 0, 24, 16))  # a white band in the middle third
-    cropped, how = fit_to(wide, INFO)
+    cropped, how = fit_to(wide, PREPROCESSING)
     assert how == "resize+center-crop"
     assert cropped.shape == (3, 8, 8)
     assert cropped[:, :, 3:5].min() > 200  # the centre survived the crop
-    gray_info = DatasetInfo("g", ("a",), 1, (8, 8), (0.5,), (0.25,))
-    assert fit_to(Image.new("RGB", (8, 8), (255, 255, 255)), gray_info)[0].shape == (1, 8, 8)
+    gray = Preprocessing.of(DatasetInfo("g", ("a",), 1, (8, 8), (0.5,), (0.25,)))
+    assert fit_to(Image.new("RGB", (8, 8), (255, 255, 255)), gray)[0].shape == (1, 8, 8)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +118,7 @@ def test_prediction_on_png_files_equals_the_evaluation_engine(
     decoded = []
     for image in first:
         png = images.encode(Image.fromarray(image[0].numpy(), mode="L"))
-        array, how = fit_to(open_checked(png, "digit.png"), predictor.info)
+        array, how = fit_to(open_checked(png, "digit.png"), predictor.preprocessing)
         assert how == "none"
         decoded.append(torch.from_numpy(array))
     probabilities = predictor.probabilities(torch.stack(decoded))
