@@ -13,6 +13,7 @@ Stem = Literal["cifar", "imagenet"]
 Block = Literal["basic", "bottleneck"]
 Unit = Literal["original", "bn_after_add", "relu_before_add", "relu_only_preact", "full_preact"]
 ShortcutOption = Literal["A", "B", "C"]
+StrideOn = Literal["1x1", "3x3"]
 ShortcutVariant = Literal[
     "identity",
     "constant_scaling",
@@ -25,6 +26,7 @@ ShortcutVariant = Literal[
 BLOCKS: tuple[Block, ...] = get_args(Block)
 UNITS: tuple[Unit, ...] = get_args(Unit)
 SHORTCUT_OPTIONS: tuple[ShortcutOption, ...] = get_args(ShortcutOption)
+STRIDE_ON: tuple[StrideOn, ...] = get_args(StrideOn)
 SHORTCUT_VARIANTS: tuple[ShortcutVariant, ...] = get_args(ShortcutVariant)
 
 # Units whose activation precedes the convolutions (2016 Fig. 4d, 4e).
@@ -48,6 +50,9 @@ class UnitConfig:
     residual_scale: float = 0.5
     gate_bias: float = -6.0
     shortcut_dropout: float = 0.5
+    # Which conv of a downsampling bottleneck strides: torchvision's 3x3 ("v1.5"), or the
+    # first 1x1 as in the 2015 paper and the authors' Caffe and Torch models ("v1").
+    stride_on: StrideOn = "3x3"
 
     @property
     def preact(self) -> bool:

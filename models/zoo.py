@@ -21,6 +21,7 @@ from models.config import (
     BLOCKS,
     SHORTCUT_OPTIONS,
     SHORTCUT_VARIANTS,
+    STRIDE_ON,
     UNITS,
     Architecture,
     Block,
@@ -69,6 +70,7 @@ OPTIONS: dict[str, str] = {
     "unit": f"one of {', '.join(UNITS)}",
     "shortcut": f"one of {', '.join(SHORTCUT_OPTIONS)}",
     "shortcut_variant": f"one of {', '.join(SHORTCUT_VARIANTS)}",
+    "stride_on": f"one of {', '.join(STRIDE_ON)} (nets of bottleneck units)",
     "shortcut_scale": "a number (shortcut_variant constant_scaling)",
     "residual_scale": "a number (shortcut_variant constant_scaling)",
     "gate_bias": "a number (shortcut_variant exclusive_gating or shortcut_only_gating)",
@@ -152,6 +154,7 @@ def describe(
         "unit": arch.unit.unit,
         "shortcut": arch.unit.shortcut if arch.unit.residual else None,
         "shortcut_variant": arch.unit.shortcut_variant if arch.unit.residual else None,
+        "stride_on": arch.unit.stride_on if arch.block == "bottleneck" else None,
         "num_classes": num_classes,
         "in_channels": in_channels,
         "params": counted.params,
@@ -361,6 +364,12 @@ def _unit_config(parsed: ParsedName, block: Block, options: dict[str, Any]) -> U
     dropout = _number(options, "shortcut_dropout", 0.5)
     if not 0 <= dropout < 1:
         raise ValueError(f"shortcut_dropout must be in [0, 1), got {dropout}")
+    if block != "bottleneck" and "stride_on" in options:
+        raise ValueError(
+            f"model '{parsed.family}{parsed.depth}' has basic units; stride_on applies to nets "
+            "of bottleneck units: resnet50/101/152/200, preact_resnet152/200, resnet164, "
+            "preact_resnet1001, or a CIFAR net with block bottleneck; drop stride_on"
+        )
     return UnitConfig(
         unit=_choice(options, "unit", UNITS, default=default_unit),
         residual=residual,
@@ -370,6 +379,7 @@ def _unit_config(parsed: ParsedName, block: Block, options: dict[str, Any]) -> U
         residual_scale=_number(options, "residual_scale", 0.5),
         gate_bias=_number(options, "gate_bias", -6.0),
         shortcut_dropout=dropout,
+        stride_on=_choice(options, "stride_on", STRIDE_ON, default="3x3"),
     )
 
 

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+import torch
 import torchvision
 
 import models
@@ -30,6 +31,8 @@ IMAGENET_MACS = {
     "resnet101": 7.6e9,
     "resnet152": 11.3e9,
 }
+# The bottleneck nets as the 2015 paper built them: the stride on the first 1x1 conv.
+BOTTLENECK_V1_MACS = {name: IMAGENET_MACS[name] for name in ("resnet50", "resnet101", "resnet152")}
 
 
 @pytest.mark.parametrize(("depth", "counts"), CIFAR_PARAMS.items())
@@ -78,6 +81,36 @@ def test_imagenet_macs_within_ten_percent_of_paper(name: str, macs: float) -> No
     info = models.describe(name, num_classes=1000)
     assert info["default_input_size"] == 224
     assert info["macs"] == pytest.approx(macs, rel=0.10)
+
+
+@pytest.mark.parametrize(("name", "macs"), BOTTLENECK_V1_MACS.items())
+def test_stride_on_the_1x1_conv_gives_table_1s_macs_with_the_same_params(
+    name: str, macs: float
+) -> None:
+    v1 = models.describe(name, num_classes=1000, stride_on="1x1")
+    v15 = models.describe(name, num_classes=1000)
+    # Table 1 rounds to a tenth of a billion: 3.86G for ResNet-50 is its "3.8".
+    assert v1["macs"] == pytest.approx(macs, rel=0.03)
+    assert v1["macs"] < v15["macs"]
+    assert v1["params"] == v15["params"]
+    assert (v1["stride_on"], v15["stride_on"]) == ("1x1", "3x3")
+
+
+def _strides(net: models.ResNet, unit: str) -> tuple[tuple[int, ...], ...]:
+    """The strides of a unit's three convs, e.g. unit "layer2.0"."""
+    modules = dict(net.named_modules())
+    convs = [modules[f"{unit}.conv{i}"] for i in (1, 2, 3)]
+    return tuple(tuple(c.stride) for c in convs if isinstance(c, torch.nn.Conv2d))
+
+
+def test_stride_on_moves_the_stride_of_downsampling_bottlenecks_only() -> None:
+    with torch.device("meta"):
+        v1 = models.build("resnet50", stride_on="1x1")
+        v15 = models.build("resnet50")
+    assert _strides(v1, "layer2.0") == ((2, 2), (1, 1), (1, 1))
+    assert _strides(v15, "layer2.0") == ((1, 1), (2, 2), (1, 1))
+    assert _strides(v1, "layer2.1") == _strides(v15, "layer2.1") == ((1, 1),) * 3
+    assert models.describe("resnet18")["stride_on"] is None
 
 
 def test_list_models_holds_every_paper_net() -> None:
@@ -146,6 +179,9 @@ def test_block_option_overrides_the_papers_choice() -> None:
         ("resnet20", {"zero_init_residual": 1}, "zero_init_residual must be one of False, True"),
         ("plain20", {"shortcut": "B"}, "plain nets have no shortcuts"),
         ("resnet20", {"shortcut_variant": "conv1x1", "shortcut": "A"}, "drop shortcut"),
+        ("resnet50", {"stride_on": "2x2"}, "stride_on must be one of 1x1, 3x3; got '2x2'"),
+        ("resnet18", {"stride_on": "1x1"}, "'resnet18' has basic units; stride_on applies to"),
+        ("resnet110", {"stride_on": "3x3"}, "resnet50/101/152/200, preact_resnet152/200"),
     ],
 )
 def test_bad_names_and_options_say_what_is_valid(
@@ -208,6 +244,8 @@ def test_a_long_name_is_refused_with_the_length_limit() -> None:
         ("preact_resnet164", {}),
         ("resnet110", {"shortcut_variant": "exclusive_gating"}),
         ("resnet50", {}),
+        ("resnet101", {"stride_on": "1x1"}),
+        ("resnet164", {"stride_on": "1x1"}),
     ],
 )
 def test_estimates_equal_the_whole_net_counted(name: str, options: dict[str, Any]) -> None:
