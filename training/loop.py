@@ -30,6 +30,7 @@ from training.ranks import STOP_EVERY, Ranks
 from training.recipe import (
     augment_flip,
     augment_pad,
+    augmentation_recipe,
     describe_augmentation,
     learning_rate,
     make_optimizer,
@@ -133,6 +134,7 @@ def fit(
     optimizer = make_optimizer(recipe, model)
 
     augment = _augmentation(spec, info)
+    preprocessing = preprocessing_for(spec.dataset, info)
     train_batches = make_batches(
         data.train,
         info,
@@ -144,6 +146,7 @@ def fit(
         seed=recipe.seed,
         channels_last=channels_last,
         shard=ranks.shard if ranks is not None else None,
+        preprocessing=preprocessing,
     )
     eval_sets = {
         name: make_batches(
@@ -156,6 +159,7 @@ def fit(
             drop_last=False,
             seed=recipe.seed,
             channels_last=channels_last,
+            preprocessing=preprocessing,
         )
         for name, split in (("val", data.val), ("test", data.test))
         if len(split) > 0 and main
@@ -265,7 +269,12 @@ def fit(
     )
     summary["images_per_s"] = train_images / train_seconds if train_seconds else None
     used = augment or Augmentation(pad=0, flip=False)
-    summary["augmentation"] = {"pad": used.pad, "flip": used.flip}
+    summary["augmentation"] = {
+        "recipe": used.recipe if augment else "none",
+        "pad": used.pad,
+        "flip": used.flip,
+        "lighting": used.lighting,
+    }
     summary["channels_last"] = channels_last
     if ranks is not None:
         summary["distributed"] = ranks.describe(recipe.batch_size, _backend())
@@ -317,11 +326,16 @@ def _as_used(
 
 
 def _augmentation(spec: TrainSpec, info: DatasetInfo) -> Augmentation | None:
-    """The training batches' augmentation; None when off."""
+    """The training batches' augmentation (of a spec as used); None when off."""
     recipe = spec.recipe
     if not recipe.augment:
         return None
-    return Augmentation(augment_pad(recipe, info.image_size), augment_flip(recipe, spec.dataset))
+    return Augmentation(
+        augment_pad(recipe, info.image_size),
+        augment_flip(recipe, spec.dataset),
+        recipe=augmentation_recipe(recipe, spec.dataset, info),
+        lighting=recipe.pca_lighting if recipe.augmentation == "imagenet_scale" else 0.0,
+    )
 
 
 def build_model(spec: ModelSpec, info: DatasetInfo) -> models.ResNet:

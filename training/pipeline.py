@@ -11,6 +11,7 @@ earlier ones.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,23 +19,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision.ops import roi_align
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
 
 from training.data import Batches, DatasetInfo, FileSplit, Split, TensorSplit
-from training.datasets.images import read_image
+from training.datasets.images import normalised, open_image
 from training.preprocess import Preprocessing
+from training.specs import AugmentationRecipe
+
+# torchvision's RandomResizedCrop defaults: area fraction and aspect ratio of the crop.
+RRC_SCALE, RRC_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
+# 2015 Sec. 3.4: the shorter side resized at random in [256, 480] for 224x224 crops.
+SCALE_RANGE = (256 / 224, 480 / 224)
+# AlexNet's PCA colour augmentation: ImageNet's RGB eigenvalues and eigenvectors (on [0, 1]),
+# as fb.resnet.torch, the 2016 paper's code, applies them.
+PCA_EIGVAL = (0.2175, 0.0188, 0.0045)
+PCA_EIGVEC = (
+    (-0.5675, 0.7192, 0.4009),
+    (-0.5808, -0.0045, -0.8140),
+    (-0.5836, -0.6948, 0.4203),
+)
 
 
 @dataclass(frozen=True)
 class Augmentation:
-    """Zero-pad `pad` pixels a side, crop back to size at random, flip half (2015, Sec. 4.2)."""
+    """How training images vary, by a named recipe, each with optional flips.
+
+    `cifar`: zero-pad `pad` pixels a side and crop back to size at random (2015 Sec. 4.2).
+    `imagenet_scale`: resize the shorter side at random in [256, 480] (scaled to the input
+    size) and take a random crop (2015 Sec. 3.4), with `lighting` PCA colour noise.
+    `random_resized_crop`: torchvision's RandomResizedCrop (area 8-100%, aspect 3/4-4/3).
+    """
 
     pad: int = 4
     flip: bool = True
+    recipe: AugmentationRecipe = "cifar"
+    lighting: float = 0.0
 
     def __post_init__(self) -> None:
         if self.pad < 0:
             raise ValueError(f"augmentation pad must be >= 0, got {self.pad}")
+        if self.lighting and self.recipe != "imagenet_scale":
+            raise ValueError("PCA lighting is part of the imagenet_scale recipe only")
 
 
 def make_batches(
@@ -50,10 +77,12 @@ def make_batches(
     num_workers: int = 2,
     channels_last: bool = False,
     shard: Shard | None = None,
+    preprocessing: Preprocessing | None = None,
 ) -> Batches:
     """Batches of `split` on `device`: held there if in memory, streamed from its files if not.
 
-    With a `shard`, each batch is that rank's part of the global batch of `batch_size`.
+    With a `shard`, each batch is that rank's part of the global batch of `batch_size`. Files
+    become input through `preprocessing` (default: the data's own, `Preprocessing.of`).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -65,7 +94,8 @@ def make_batches(
     shard = shard or Shard(0, 1)
     if isinstance(split, TensorSplit):
         return _TensorBatches(split, schedule, normalise, augmentation, shard)
-    return _FileBatches(split, info, schedule, normalise, augmentation, num_workers, shard)
+    preprocessing = preprocessing or Preprocessing.of(info)
+    return _FileBatches(split, preprocessing, schedule, normalise, augmentation, num_workers, shard)
 
 
 @dataclass(frozen=True)
@@ -162,9 +192,9 @@ class _TensorBatches:
         self._images = split.images.to(normalise.device)  # the one copy to the device
         self._labels = split.labels.to(normalise.device)
         # An empty split has no pixels to take crops from, and no batches that need them.
-        self._crops = (
-            _RandomCrops(self._images, augmentation.pad) if augmentation and len(split) else None
-        )
+        pad = augmentation.pad if augmentation and augmentation.recipe == "cifar" else None
+        self._crops = _RandomCrops(self._images, pad) if pad is not None and len(split) else None
+        self._boxes = augmentation is not None and pad is None
         self._flip = augmentation is not None and augmentation.flip
 
     def __len__(self) -> int:
@@ -180,23 +210,38 @@ class _TensorBatches:
             # The whole global batch is planned on every rank (the same draws), so the
             # ranks' parts together are exactly the batch one process would train on.
             batch = self._shard.of(plan[:, first : first + size], dim=1)
-            yield self._normalise(self._images_of(batch)), self._labels[batch[0]]
+            yield self._normalise(self._images_of(batch)), self._labels[batch[0].long()]
 
     def _plan(self, epoch: int, start: int) -> Tensor:
-        """Rows index, and dy, dx, flip when augmenting, for each image of batches `start`.."""
+        """Rows index, and the draws when augmenting, for each image of batches `start`..:
+        dy, dx, flip (cifar), or a box x1, y1, x2, y2, flip and lighting (the others)."""
         size = self._schedule.batch_size
         index = self._schedule.order(epoch)[start * size : len(self) * size]
-        if self._augmentation is None:
+        augmentation = self._augmentation
+        if augmentation is None:
             return index[None]
-        pad, seed = self._augmentation.pad, self._schedule.seed
-        draws = [_draw(seed, epoch, batch, pad, size) for batch in range(start, len(self))]
+        seed = self._schedule.seed
+        if self._boxes:
+            height, width = self._images.shape[2:]
+            boxes = [
+                _draw_boxes(seed, epoch, batch, size, augmentation, (height, width))
+                for batch in range(start, len(self))
+            ]
+            rows = torch.cat([torch.empty(8, 0, dtype=torch.float64), *boxes], dim=1)
+            return torch.cat([index[None].double(), rows[:, : len(index)]])
+        draws = [
+            _draw(seed, epoch, batch, augmentation.pad, size) for batch in range(start, len(self))
+        ]
         # The empty head lets a start at the epoch's end through; a short last batch takes
         # the first of its draws.
         row = torch.cat([torch.empty(3, 0, dtype=torch.int64), *draws], dim=1)
         return torch.cat([index[None], row[:, : len(index)]])
 
     def _images_of(self, batch: Tensor) -> Tensor:
-        """The uint8 images of one plan slice, cropped and flipped when augmenting."""
+        """The images of one plan slice, cropped and flipped when augmenting (uint8, or
+        float on the 0-255 scale for the resized crops)."""
+        if self._boxes:
+            return _boxed(self._images, batch)
         if self._crops is None:
             return self._images[batch[0]]
         index, dy, dx, flip = batch
@@ -207,6 +252,78 @@ class _TensorBatches:
         # 4x faster on CPU than torch.where over pixels.
         pairs = torch.cat([crops, crops.flip(3)])
         return pairs.index_select(0, torch.arange(len(flip), device=flip.device) + len(flip) * flip)
+
+
+def _boxed(images: Tensor, batch: Tensor) -> Tensor:
+    """Each image's box resized to the input size (bilinear, `roi_align`: one batched call on
+    the device), mirrored where drawn, with its colour noise; float on the 0-255 scale."""
+    index = batch[0].long()
+    height, width = images.shape[2:]
+    chosen = images.index_select(0, index).float()
+    rows = torch.arange(len(index), device=images.device, dtype=torch.float32)[:, None]
+    boxes = torch.cat([rows, batch[1:5].T.float()], dim=1)
+    crops = roi_align(
+        chosen, boxes, (height, width), spatial_scale=1.0, sampling_ratio=2, aligned=True
+    )
+    crops = torch.where(batch[5].bool()[:, None, None, None], crops.flip(3), crops)
+    if crops.shape[1] == 3 and bool(batch[6:9].any()):
+        crops = crops + _lighting(batch[6:9].T.float())[:, :, None, None]
+    return crops
+
+
+def _lighting(alphas: Tensor) -> Tensor:
+    """The RGB shift (N, 3) on the 0-255 scale of PCA colour noise with weights `alphas`."""
+    eigval = torch.tensor(PCA_EIGVAL, device=alphas.device)
+    eigvec = torch.tensor(PCA_EIGVEC, device=alphas.device)
+    return (alphas * eigval) @ eigvec.T * 255
+
+
+def _draw_boxes(
+    seed: int, epoch: int, batch: int, size: int, augmentation: Augmentation, shape: tuple[int, int]
+) -> Tensor:
+    """Rows x1, y1, x2, y2, flip and three lighting weights (8, size) of one batch's crops of
+    images of `shape` (height, width), seeded by (seed, epoch, batch)."""
+    generator = _generator(seed, epoch, batch)
+    height, width = shape
+    if augmentation.recipe == "imagenet_scale":
+        # The shorter side scaled by u in [256/224, 480/224], then an input-sized crop: in
+        # the stored image's pixels, a box of 1/u of its sides.
+        low, high = SCALE_RANGE
+        u = low + (high - low) * torch.rand(size, generator=generator, dtype=torch.float64)
+        box_w, box_h = width / u, height / u
+    else:
+        box_w, box_h = _rrc_sides(generator, size, height, width)
+    x1 = torch.rand(size, generator=generator, dtype=torch.float64) * (width - box_w)
+    y1 = torch.rand(size, generator=generator, dtype=torch.float64) * (height - box_h)
+    flip = torch.randint(2, (size,), generator=generator).double() * augmentation.flip
+    light = torch.randn(3, size, generator=generator, dtype=torch.float64) * augmentation.lighting
+    return torch.stack([x1, y1, x1 + box_w, y1 + box_h, flip, *light])
+
+
+def _rrc_sides(
+    generator: torch.Generator, size: int, height: int, width: int, tries: int = 10
+) -> tuple[Tensor, Tensor]:
+    """RandomResizedCrop's box sides, as torchvision draws them: up to `tries` (area, aspect)
+    draws an image, the first that fits, else the whole image."""
+    low, high = RRC_SCALE
+    area = (
+        height
+        * width
+        * (low + (high - low) * torch.rand(tries, size, generator=generator, dtype=torch.float64))
+    )
+    log_low, log_high = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
+    ratio = torch.exp(
+        log_low
+        + (log_high - log_low) * torch.rand(tries, size, generator=generator, dtype=torch.float64)
+    )
+    w, h = (area * ratio).sqrt(), (area / ratio).sqrt()
+    fits = (w <= width) & (h <= height)
+    first = fits.double().argmax(0)  # the first try that fits (0 when none does)
+    any_fits = fits.any(0)
+    pick_w, pick_h = w.gather(0, first[None])[0], h.gather(0, first[None])[0]
+    full_w = torch.full((size,), float(width), dtype=torch.float64)
+    full_h = torch.full((size,), float(height), dtype=torch.float64)
+    return torch.where(any_fits, pick_w, full_w), torch.where(any_fits, pick_h, full_h)
 
 
 class _RandomCrops:
@@ -245,7 +362,7 @@ class _FileBatches:
     def __init__(
         self,
         split: FileSplit,
-        info: DatasetInfo,
+        preprocessing: Preprocessing,
         schedule: _Schedule,
         normalise: Normalise,
         augmentation: Augmentation | None,
@@ -253,11 +370,15 @@ class _FileBatches:
         shard: Shard,
     ) -> None:
         self._schedule = schedule
+        # The colour noise of a batch of three-channel images, added on the device.
+        self._lighting = (
+            bool(augmentation and augmentation.lighting) and preprocessing.channels == 3
+        )
         self._normalise = normalise
         self._shard = shard
         self._sampler = _EpochSampler(schedule)
         self._loader = DataLoader(
-            _FileDataset(split, info, augmentation, seed=schedule.seed),
+            _FileDataset(split, preprocessing, augmentation, seed=schedule.seed),
             batch_size=schedule.batch_size,
             sampler=self._sampler,
             drop_last=schedule.drop_last,
@@ -276,14 +397,17 @@ class _FileBatches:
         self._schedule.check_start(start)
         self._sampler.set_epoch(epoch, first=start * self._schedule.batch_size)
         device = self._normalise.device
-        for images, labels in self._loader:
+        for images, labels, lighting in self._loader:
             # Every rank decodes the whole global batch and keeps its part: simple and
             # exact, at N times the decoding work (a sharded sampler would avoid it).
             images, labels = self._shard.of(images), self._shard.of(labels)
             # uint8 crosses to the device (a quarter of float32's bytes) and is normalised
             # there, exactly as in-memory splits are.
-            x = self._normalise(images.to(device, non_blocking=True))
-            yield x, labels.to(device, non_blocking=True)
+            images = images.to(device, non_blocking=True)
+            if self._lighting:
+                shift = _lighting(self._shard.of(lighting).to(device))
+                images = images.float() + shift[:, :, None, None]
+            yield self._normalise(images), labels.to(device, non_blocking=True)
 
 
 class _EpochSampler(Sampler[tuple[int, int]]):
@@ -305,40 +429,65 @@ class _EpochSampler(Sampler[tuple[int, int]]):
         return iter([(self._epoch, index) for index in order.tolist()])
 
 
-class _FileDataset(Dataset[tuple[Tensor, int]]):
-    """Decodes one image file per key (epoch, index), then resizes and augments it as uint8."""
+class _FileDataset(Dataset[tuple[Tensor, int, Tensor]]):
+    """Decodes one image file per key (epoch, index) and makes it input as uint8: by the
+    declared preprocessing (then the cifar crops), or by a resizing recipe from the image
+    as decoded; with the image's three PCA lighting weights (zeros without lighting)."""
 
     def __init__(
-        self, split: FileSplit, info: DatasetInfo, augmentation: Augmentation | None, *, seed: int
+        self,
+        split: FileSplit,
+        preprocessing: Preprocessing,
+        augmentation: Augmentation | None,
+        *,
+        seed: int,
     ) -> None:
         self._paths = split.paths
         self._labels: list[int] = split.labels.tolist()
-        self._channels = info.channels
-        self._size = info.image_size
-        self._transform = _file_transform(info.image_size, augmentation)
+        self._preprocessing = preprocessing
+        self._resizes = augmentation is not None and augmentation.recipe != "cifar"
+        self._lighting = augmentation.lighting if augmentation is not None else 0.0
+        self._transform = _file_transform(preprocessing.crop, augmentation)
         self._seed = seed
 
     def __len__(self) -> int:
         return len(self._paths)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[Tensor, int]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[Tensor, int, Tensor]:
         epoch, index = key
-        # Decoded and resized exactly as in-memory splits are (Pillow; torchvision.io's
-        # decoders are deprecated since torchvision 0.29), with errors naming the file.
-        image = torch.from_numpy(read_image(self._paths[index], self._channels, self._size))
+        # Decoded by Pillow as every other path decodes (torchvision.io's decoders are
+        # deprecated since torchvision 0.29), with errors naming the file.
+        with open_image(self._paths[index]) as opened:
+            if self._resizes:
+                channels = self._preprocessing.channels
+                image = TF.pil_to_tensor(normalised(opened, channels))
+            else:
+                image = torch.from_numpy(self._preprocessing.image(opened))
         # Seeding each image by (seed, epoch, index) makes a batch independent of the worker
         # count and resumable mid-epoch; fork_rng leaves the caller's global generator alone
         # when there are no workers.
         with torch.random.fork_rng(devices=()):
             torch.manual_seed(seed_of(self._seed, epoch, index))
-            return self._transform(image), self._labels[index]
+            lighting = torch.randn(3) * self._lighting
+            return self._transform(image), self._labels[index], lighting
 
 
 def _file_transform(size: tuple[int, int], augmentation: Augmentation | None) -> v2.Compose:
-    """Pad, crop and flip a decoded uint8 image when training; nothing when evaluating."""
-    steps: list[v2.Transform] = [v2.Identity()]
-    if augmentation is not None:
-        steps += [v2.Pad(augmentation.pad), v2.RandomCrop(list(size))]
-    if augmentation is not None and augmentation.flip:
+    """A decoded uint8 image's training augmentation, by its recipe; nothing when evaluating."""
+    if augmentation is None:
+        return v2.Compose([v2.Identity()])
+    crop = list(size)
+    steps: list[v2.Transform]
+    if augmentation.recipe == "random_resized_crop":
+        steps = [v2.RandomResizedCrop(crop, scale=RRC_SCALE, ratio=RRC_RATIO, antialias=True)]
+    elif augmentation.recipe == "imagenet_scale":
+        low, high = (round(min(size) * factor) for factor in SCALE_RANGE)
+        steps = [
+            v2.RandomShortestSize(list(range(low, high + 1)), antialias=True),
+            v2.RandomCrop(crop, pad_if_needed=True),
+        ]
+    else:
+        steps = [v2.Pad(augmentation.pad), v2.RandomCrop(crop)]
+    if augmentation.flip:
         steps.append(v2.RandomHorizontalFlip())
     return v2.Compose(steps)

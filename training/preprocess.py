@@ -121,7 +121,7 @@ class Preprocessing:
     def image(self, image: Image.Image) -> npt.NDArray[np.uint8]:
         """An open image of any size and mode as the net's uint8 (C, H, W) input."""
         fitted = self.geometry(normalised(image, self.channels))
-        array = np.asarray(fitted, dtype=np.uint8)
+        array = np.array(fitted, dtype=np.uint8)  # a copy of its own: writable for torch
         return np.ascontiguousarray(array[None] if self.channels == 1 else array.transpose(2, 0, 1))
 
     def describe(self, image: Image.Image) -> str:

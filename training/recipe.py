@@ -11,7 +11,18 @@ from torch import nn
 
 import models
 from training.data import DatasetInfo
-from training.specs import PAPER_ITERATIONS, DatasetSpec, ModelSpec, RecipeSpec, TrainSpec
+from training.specs import (
+    PAPER_ITERATIONS,
+    AugmentationRecipe,
+    DatasetSpec,
+    ImageFolderSpec,
+    ModelSpec,
+    RecipeSpec,
+    TrainSpec,
+)
+
+# The smallest input that `augmentation: auto` treats as a photo rather than a thumbnail.
+PHOTO_SIZE = 64
 
 
 def total_iterations(recipe: RecipeSpec, batches_per_epoch: int) -> int:
@@ -94,6 +105,18 @@ def augment_flip(recipe: RecipeSpec, dataset: DatasetSpec) -> bool:
     return dataset.flip_keeps_label
 
 
+def augmentation_recipe(
+    recipe: RecipeSpec, dataset: DatasetSpec, info: DatasetInfo
+) -> AugmentationRecipe:
+    """The augmentation recipe: as given, or by the dataset's kind: photos of an ImageFolder
+    (an input of 64 pixels or more) take RandomResizedCrop, the field's standard for them;
+    CIFAR-sized and other small images the papers' pad-and-crop."""
+    if recipe.augmentation != "auto":
+        return recipe.augmentation
+    photos = isinstance(dataset, ImageFolderSpec) and min(info.image_size) >= PHOTO_SIZE
+    return "random_resized_crop" if photos else "cifar"
+
+
 def default_channels_last(device: torch.device) -> bool:
     """Whether channels_last is the faster memory format to train in on `device`.
 
@@ -119,7 +142,7 @@ def resolve_defaults(
     if resumed is not None:
         kept = {
             field: getattr(resumed, field)
-            for field in ("augment_pad", "augment_flip")
+            for field in ("augment_pad", "augment_flip", "augmentation")
             if getattr(recipe, field) == "auto"
         }
         recipe = recipe.model_copy(update=kept)
@@ -127,6 +150,7 @@ def resolve_defaults(
     used = {
         "augment_pad": augment_pad(recipe, info.image_size),
         "augment_flip": augment_flip(recipe, spec.dataset),
+        "augmentation": augmentation_recipe(recipe, spec.dataset, info),
         "channels_last": (
             default_channels_last(device) if channels_last is None else channels_last
         ),
@@ -139,7 +163,13 @@ def describe_augmentation(given: RecipeSpec, used: TrainSpec) -> str:
     recipe = used.recipe
     if not recipe.augment:
         return "augmentation: off"
-    pad = f"pad {recipe.augment_pad}" + (" (as given)" if given.augment_pad != "auto" else "")
+    chosen = recipe.augmentation + (" (as given)" if given.augmentation != "auto" else "")
+    if recipe.augmentation == "cifar":
+        chosen += f", pad {recipe.augment_pad}" + (
+            " (as given)" if given.augment_pad != "auto" else ""
+        )
+    elif recipe.pca_lighting:
+        chosen += f", PCA lighting {recipe.pca_lighting}"
     flip = "flip" if recipe.augment_flip else "no flip"
     keeps_label = used.dataset.flip_keeps_label
     if given.augment_flip != "auto":
@@ -149,4 +179,4 @@ def describe_augmentation(given: RecipeSpec, used: TrainSpec) -> str:
         flip += f" ({used.dataset.name}: a flip {effect} the label)"
     else:
         flip += " (as the resumed run started)"
-    return f"augmentation: {pad}, {flip}"
+    return f"augmentation: {chosen}, {flip}"

@@ -26,6 +26,8 @@ MAX_ITERATIONS = 10_000_000
 PAPER_ITERATIONS = 64_000  # 2015 Sec. 4.2: stop at 64k iterations (the default budget)
 MAX_CHECKPOINTS = 10_000  # a run's checkpoint writes
 Tag = Annotated[str, Field(max_length=200)]
+# How training images vary (training.pipeline.Augmentation).
+AugmentationRecipe = Literal["cifar", "imagenet_scale", "random_resized_crop"]
 
 
 class Spec(BaseModel):
@@ -187,7 +189,21 @@ class RecipeSpec(Spec):
     grad_clip: float | None = Field(
         None, gt=0, le=1e6, description="Clip the gradient norm to this."
     )
-    augment: bool = Field(True, description="Random crops of the padded image, and flips.")
+    augment: bool = Field(True, description="Augment the training images (off: none at all).")
+    augmentation: AugmentationRecipe | Literal["auto"] = Field(
+        "auto",
+        description="cifar: random crops of the zero-padded image (2015 Sec. 4.2); "
+        "imagenet_scale: the shorter side resized at random in [256, 480] (scaled to the "
+        "input), a random crop (2015 Sec. 3.4); random_resized_crop: torchvision's "
+        "(scale 0.08-1, ratio 3/4-4/3); each with flips. auto: random_resized_crop for an "
+        "imagefolder of photos (input 64 pixels or more), cifar otherwise.",
+    )
+    pca_lighting: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="imagenet_scale: std of the PCA colour noise (AlexNet's 0.1; 0 is off).",
+    )
     augment_pad: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = Field(
         "auto", description="Pixels of zero padding a side; auto: the image size / 8 (4 at 32)."
     )

@@ -130,7 +130,8 @@ def test_each_format_is_checked_stored_listed_downloaded_and_loads_back(
         checkpoint = artifacts.find_checkpoint(session=session, job_id=job_id, which="best")
         assert checkpoint is not None
         path = Path(checkpoint.path)
-    model, info, _ = load_trained_model(path, sha256=registered)
+    trained = load_trained_model(path, sha256=registered)
+    model, info = trained.model, trained.info
     batch = export.check_batch(info)
     net = export.served_net(model)
     loaded = export.load(fmt, saved)

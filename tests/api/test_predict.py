@@ -120,7 +120,8 @@ def digit_png(test: TensorSplit, index: int) -> bytes:
 
 def engine_probabilities(path: Path, test: TensorSplit) -> torch.Tensor:
     """The evaluation engine's class probabilities for the whole test split."""
-    model, info, _ = load_trained_model(path)
+    trained = load_trained_model(path)
+    model, info = trained.model, trained.info
     return images.engine_probabilities(model, info, test)
 
 

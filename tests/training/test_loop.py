@@ -145,11 +145,11 @@ def test_defaults_are_recorded_as_used(tmp_path: Path) -> None:
     )
     sink = RecordingSink()
     summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=sink)
-    assert summary["augmentation"] == {"pad": 1, "flip": False}
+    assert summary["augmentation"] == {"recipe": "cifar", "pad": 1, "flip": False, "lighting": 0.0}
     assert summary["channels_last"] is True
     assert (
         "info",
-        "augmentation: pad 1, no flip (digits: a flip changes the label)",
+        "augmentation: cifar, pad 1, no flip (digits: a flip changes the label)",
     ) in sink.events
     written = json.loads((tmp_path / "run" / "spec.json").read_text())["recipe"]
     saved = checkpoints.load(tmp_path / "run" / "checkpoints" / "step-2.pt")["spec"]["recipe"]
@@ -166,8 +166,9 @@ def test_a_run_started_with_other_augmentation_resumes_with_it(tmp_path: Path) -
     fit(explicit, data, out_dir=tmp_path / "split", sink=RecordingSink(stop_at=4))
     sink = RecordingSink()
     resumed = fit(_spec(), data, out_dir=tmp_path / "split", sink=sink)
-    assert resumed["augmentation"] == whole["augmentation"] == {"pad": 4, "flip": True}
-    assert ("info", "augmentation: pad 4, flip (as the resumed run started)") in sink.events
+    cifar = {"recipe": "cifar", "pad": 4, "flip": True, "lighting": 0.0}
+    assert resumed["augmentation"] == whole["augmentation"] == cifar
+    assert ("info", "augmentation: cifar, pad 4, flip (as the resumed run started)") in sink.events
     a = checkpoints.load(tmp_path / "whole" / "checkpoints" / "step-8.pt")["model"]
     b = checkpoints.load(tmp_path / "split" / "checkpoints" / "step-8.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)

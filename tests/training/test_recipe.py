@@ -164,7 +164,7 @@ def test_resolving_changes_only_the_defaults() -> None:
         for name, value in used.recipe.model_dump().items()
         if value != getattr(spec.recipe, name)
     }
-    assert changed == {"augment_flip", "channels_last"}
+    assert changed == {"augment_flip", "augmentation", "channels_last"}
     # Resolved once, a spec resolves to itself (a written spec.json trains the same run).
     assert resolve_defaults(used, _info("digits"), CPU) == used
 
@@ -182,10 +182,10 @@ def test_a_resumed_run_keeps_its_recorded_augmentation() -> None:
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ({}, "augmentation: pad 1, no flip (digits: a flip changes the label)"),
+        ({}, "augmentation: cifar, pad 1, no flip (digits: a flip changes the label)"),
         (
             {"augment_pad": 2, "augment_flip": True},
-            "augmentation: pad 2 (as given), flip (as given)",
+            "augmentation: cifar, pad 2 (as given), flip (as given)",
         ),
         ({"augment": False}, "augmentation: off"),
     ],
@@ -196,7 +196,7 @@ def test_the_augmentation_line_says_why(given: dict[str, Any], expected: str) ->
     assert describe_augmentation(spec.recipe, used) == expected
     cifar = _train_spec("cifar10")
     line = describe_augmentation(cifar.recipe, resolve_defaults(cifar, _info("cifar10"), CPU))
-    assert line == "augmentation: pad 4, flip (cifar10: a flip keeps the label)"
+    assert line == "augmentation: cifar, pad 4, flip (cifar10: a flip keeps the label)"
 
 
 @pytest.mark.parametrize(("device", "expected"), [(CPU, True), (CUDA, True)])
@@ -209,3 +209,24 @@ def test_channels_last_is_the_default_where_it_is_faster(
     )
     given = _train_spec("fashion_mnist", channels_last=False)
     assert resolve_defaults(given, _info("fashion_mnist", 1), device).recipe.channels_last is False
+
+
+def test_the_augmentation_recipe_follows_the_datasets_kind() -> None:
+    cifar = resolve_defaults(_train_spec("digits"), _info("digits"), CPU)
+    assert cifar.recipe.augmentation == "cifar"
+    photos = TrainSpec.model_validate(
+        {
+            "model": {"name": "resnet18"},
+            "dataset": {"name": "imagefolder", "path": "photos", "image_size": 64},
+            "recipe": {"iterations": 10},
+        }
+    )
+    info = DatasetInfo("imagefolder", ("a", "b"), 3, (64, 64), (0.5,) * 3, (0.25,) * 3)
+    used = resolve_defaults(photos, info, CPU)
+    assert used.recipe.augmentation == "random_resized_crop"
+    given = photos.model_copy(
+        update={"recipe": photos.recipe.model_copy(update={"augmentation": "imagenet_scale"})}
+    )
+    assert resolve_defaults(given, info, CPU).recipe.augmentation == "imagenet_scale"
+    line = describe_augmentation(given.recipe, resolve_defaults(given, info, CPU))
+    assert line.startswith("augmentation: imagenet_scale (as given)")
