@@ -48,7 +48,7 @@ def rate(
     predictor: Predictor, dataset: SyntheticSpec, batch: int, formats: tuple[Format, ...], out: Path
 ) -> float:
     """Images/s of one pass over the split at `batch`."""
-    images = images_of(dataset, predictor.info, data_root=out)
+    images = images_of(dataset, predictor, data_root=out)
     started = time.perf_counter()
     predict_split(
         predictor,

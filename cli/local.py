@@ -28,6 +28,7 @@ from cli.train_options import (
 from core.settings import get_settings
 from training import distributed, runs
 from training.specs import DatasetSpec, TrainSpec
+from training.views import View
 
 Nproc = Annotated[
     int,
@@ -192,6 +193,9 @@ def evaluate(
     split: Annotated[str, typer.Option(help="train, val or test.")] = "test",
     dataset_option: DatasetFields = None,
     tta: Annotated[bool, typer.Option(help="Average with the flipped view.")] = False,
+    view: Annotated[
+        View, typer.Option(help="center, ten_crop (2015 Tables 2-4) or multi_scale (Table 5).")
+    ] = "center",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     device: Annotated[str | None, typer.Option(help="cpu, cuda; default: cuda if any.")] = None,
     data_root: Annotated[Path | None, typer.Option(help="Default: DATA_DIR.")] = None,
@@ -206,6 +210,7 @@ def evaluate(
             data_root=data_root or get_settings().data_dir,
             device=torch.device(device) if device else None,
             tta_flip=tta,
+            view=view,
         )
     except (ValidationError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
@@ -214,7 +219,7 @@ def evaluate(
         typer.echo(json.dumps(result.as_dict(), indent=2))
         return
     table = facts(
-        f"{checkpoint} on {dataset} ({split})",
+        f"{checkpoint} on {dataset} ({split}, {view} view)",
         ("images", f"{result.count:,}"),
         ("loss", f"{result.loss:.4f}"),
         ("top-1 error", percent(result.error)),

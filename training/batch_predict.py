@@ -30,11 +30,13 @@ import torch
 from torch import Tensor
 
 from training.data import DatasetInfo, FileSplit, TensorSplit
-from training.datasets import load_dataset, read_image
+from training.datasets import load_dataset
 from training.datasets.archives import MAX_BYTES, MAX_ENTRIES
 from training.datasets.imagefolder import find_tree
+from training.datasets.images import open_image
 from training.events import EventSink
 from training.predictor import Predictor
+from training.preprocess import Preprocessing
 from training.specs import DatasetSpec, ImageFolderSpec
 
 Format = Literal["csv", "jsonl"]
@@ -72,9 +74,11 @@ class Prediction:
 
 
 def images_of(
-    dataset: DatasetSpec, info: DatasetInfo, *, data_root: Path, download: bool = False
+    dataset: DatasetSpec, predictor: Predictor, *, data_root: Path, download: bool = False
 ) -> Images:
-    """The images of `dataset.split`, as the checkpoint whose data is `info` takes them."""
+    """The images of `dataset.split`, as the predictor's checkpoint takes them: files through
+    its declared preprocessing, arrays as they are (of its input size)."""
+    info, preprocessing = predictor.info, predictor.preprocessing
     if isinstance(dataset, ImageFolderSpec):
         # Read from the files, whatever their number: their names are the rows' keys.
         dataset = dataset.model_copy(update={"in_memory": False})
@@ -85,17 +89,22 @@ def images_of(
     if isinstance(split, FileSplit):
         assert isinstance(dataset, ImageFolderSpec), "only an ImageFolder is read from files"
         tree = find_tree(dataset, data_root, max_entries=MAX_ENTRIES, max_bytes=MAX_BYTES)
-        return _files(split, tree, info, data.info.classes)
+        return _files(split, tree, preprocessing, data.info.classes)
     return _arrays(split, dataset.split, info, data.info)
 
 
-def _files(split: FileSplit, tree: Path, info: DatasetInfo, classes: tuple[str, ...]) -> Images:
-    """A file split sorted by path; each image decoded to the checkpoint's channels and size."""
+def _files(
+    split: FileSplit, tree: Path, preprocessing: Preprocessing, classes: tuple[str, ...]
+) -> Images:
+    """A file split sorted by path; each image made input by the checkpoint's preprocessing."""
     order = sorted(range(len(split)), key=lambda index: split.paths[index])
     paths = [split.paths[index] for index in order]
 
     def read(start: int, stop: int) -> Tensor:
-        chunk = [read_image(path, info.channels, info.image_size) for path in paths[start:stop]]
+        chunk = []
+        for path in paths[start:stop]:
+            with open_image(path) as image:
+                chunk.append(preprocessing.image(image))
         return torch.from_numpy(np.stack(chunk))
 
     names = [path.relative_to(tree).as_posix() for path in paths]

@@ -31,6 +31,7 @@ class Evaluation:
     ece: float  # expected calibration error, 15 equal-width confidence bins
     images_per_s: float
     classes: list[str] = field(default_factory=list)  # names, when the caller knows them
+    view: str = "center"  # how each image was seen (training.views)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -66,15 +67,16 @@ def evaluate(
             enabled=autocast_dtype is not None,
         ):
             logits = predict_logits(model, x, tta_flip=tta_flip)
-        _accumulate(sums, logits, y, num_classes)
+        accumulate(sums, logits, y, num_classes)
     model.train(was_training)
     if not sums:
         raise ValueError("cannot evaluate on an empty split")
     elapsed = time.perf_counter() - started
-    return _summarise({k: v.cpu() for k, v in sums.items()}, num_classes, elapsed)
+    return summarise({k: v.cpu() for k, v in sums.items()}, num_classes, elapsed)
 
 
-def _accumulate(sums: dict[str, Tensor], logits: Tensor, y: Tensor, num_classes: int) -> None:
+def accumulate(sums: dict[str, Tensor], logits: Tensor, y: Tensor, num_classes: int) -> None:
+    """Add one batch's counts (loss, errors, confusion, calibration bins) to `sums`."""
     probs = logits.softmax(1)
     confidence, predicted = probs.max(1)
     correct = predicted == y
@@ -93,7 +95,8 @@ def _accumulate(sums: dict[str, Tensor], logits: Tensor, y: Tensor, num_classes:
         sums[key] = sums[key] + value if key in sums else value
 
 
-def _summarise(sums: dict[str, Tensor], num_classes: int, elapsed: float) -> Evaluation:
+def summarise(sums: dict[str, Tensor], num_classes: int, elapsed: float) -> Evaluation:
+    """The `Evaluation` of accumulated counts."""
     confusion = sums["confusion"].view(num_classes, num_classes)
     count = int(confusion.sum())
     per_class = confusion.diag().double() / confusion.sum(1).clamp(min=1).double()

@@ -14,7 +14,7 @@ import torch
 
 import models
 from training import checkpoints
-from training.data import DatasetInfo, LoadedDataset
+from training.data import DatasetInfo, LoadedDataset, Split, TensorSplit
 from training.datasets import load_dataset
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
@@ -22,7 +22,8 @@ from training.loop import build_model, fit
 from training.pipeline import make_batches
 from training.preprocess import Preprocessing, preprocessing_of
 from training.ranks import Ranks
-from training.specs import DatasetSpec, ModelSpec, TrainSpec
+from training.specs import DatasetSpec, ImageFolderSpec, ModelSpec, TrainSpec
+from training.views import View, evaluate_views
 
 
 def train(
@@ -151,14 +152,20 @@ def evaluate_checkpoint(
     tta_flip: bool = False,
     download: bool = False,
     sha256: str | None = None,
+    view: View = "center",
 ) -> Evaluation:
-    """Evaluate a checkpoint on `dataset.split`, preprocessing as its training did.
+    """Evaluate a checkpoint on `dataset.split`, each image made input by the checkpoint's
+    declared preprocessing, seen through `view` (centre crop, ten crops, multi-scale).
 
-    With `sha256`, the file must have it (the service passes the database's record).
+    An ImageFolder is read from its files, so its photos become input exactly as
+    `/predict` makes them. With `sha256`, the file must have it (the service passes the
+    database's record).
     """
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     trained = load_trained_model(path, sha256=sha256, device=device)
     model, trained_on = trained.model, trained.info
+    if isinstance(dataset, ImageFolderSpec):
+        dataset = dataset.model_copy(update={"in_memory": False})
     data = load_dataset(dataset, data_root=data_root, download=download)
     if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
         raise ValueError(
@@ -169,16 +176,40 @@ def evaluate_checkpoint(
     split = data.split(dataset.split)
     if len(split) == 0:
         raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
-    # The checkpoint's normalisation, not one recomputed from the evaluation data.
-    batches = make_batches(
-        split,
-        trained_on,
-        batch_size=512,
-        device=device,
-        augment=False,
-        shuffle=False,
-        drop_last=False,
-        seed=0,
-    )
-    result = evaluate(model, batches, trained_on.num_classes, tta_flip=tta_flip)
-    return dataclasses.replace(result, classes=list(trained_on.classes))
+    check_input_size(split, trained.preprocessing)
+    if view != "center":
+        result = evaluate_views(
+            model,
+            split,
+            trained.preprocessing,
+            view,
+            num_classes=trained_on.num_classes,
+            device=device,
+            tta_flip=tta_flip,
+        )
+    else:
+        # The checkpoint's preprocessing and normalisation, not the evaluation data's.
+        batches = make_batches(
+            split,
+            trained_on,
+            batch_size=512,
+            device=device,
+            augment=False,
+            shuffle=False,
+            drop_last=False,
+            seed=0,
+            preprocessing=trained.preprocessing,
+        )
+        result = evaluate(model, batches, trained_on.num_classes, tta_flip=tta_flip)
+    return dataclasses.replace(result, classes=list(trained_on.classes), view=view)
+
+
+def check_input_size(split: Split, preprocessing: Preprocessing) -> None:
+    """Refuse images held as arrays of another size than the net's input (files are
+    resized by the preprocessing; arrays are the dataset's own)."""
+    if isinstance(split, TensorSplit) and tuple(split.images.shape[2:]) != preprocessing.crop:
+        height, width = split.images.shape[2:]
+        raise ValueError(
+            f"the dataset holds {height}x{width} images; the model takes "
+            f"{preprocessing.crop[0]}x{preprocessing.crop[1]}"
+        )

@@ -22,6 +22,7 @@ from core.settings import get_settings
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
 from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
+from training.views import View
 
 
 class EvaluateJobSpec(Spec):
@@ -36,6 +37,12 @@ class EvaluateJobSpec(Spec):
     )
     dataset: DatasetSpec
     tta: bool = Field(False, description="Average with the horizontally flipped view.")
+    view: View = Field(
+        "center",
+        description="How each image is seen: center (the checkpoint's preprocessing), "
+        "ten_crop (corners and centre, and mirrors: 2015 Tables 2-4) or multi_scale (the "
+        "whole image at shorter sides 224..640, fully convolutional: Table 5).",
+    )
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec,
         description="What the job needs of a worker (default any: one pass over the split); "
@@ -95,7 +102,7 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
     sink.on_event(
         "info",
         f"evaluating {Path(row.path).name} (step {row.step}) of job {spec.source_job} "
-        f"on {spec.dataset.name} ({split})",
+        f"on {spec.dataset.name} ({split}, {spec.view} view)",
     )
     started = time.perf_counter()
     result = evaluate_checkpoint(
@@ -106,6 +113,7 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
         tta_flip=spec.tta,
         download=settings.allow_downloads,
         sha256=row.sha256,
+        view=spec.view,
     )
     sink.on_metrics(row.step, float(row.epoch), metrics(result, split))
     test_error = result.error if split == "test" else None
