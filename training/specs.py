@@ -6,6 +6,7 @@ with a message per field. Defaults are the papers' CIFAR recipe (shared/PAPERS.m
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -272,6 +273,64 @@ class RecipeSpec(Spec):
         return self
 
 
+# What `InitSpec.freeze` names: the stem (first conv and its norm), a stage, or all but the
+# classifier (the last stage takes the final activation's norm of pre-activation nets).
+FreezeStage = Literal["stem", "layer1", "layer2", "layer3", "layer4", "all_but_head"]
+
+
+class PinnedInit(Spec):
+    """The checkpoint an init source named when the run was set up: what it starts from."""
+
+    job_id: uuid.UUID | None = Field(None, description="The service's job of the checkpoint.")
+    model: str | None = Field(None, description="The registered model, for a version.")
+    version: int | None = Field(None, ge=1, le=INT32_MAX)
+    step: int | None = Field(None, ge=0, le=INT32_MAX)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    path: str | None = Field(None, max_length=4096, description="The checkpoint file (or key).")
+    classes: int | None = Field(None, ge=1, description="The source's classifier outputs.")
+
+
+class InitSpec(Spec):
+    """Where a run's starting weights come from (a fine-tune), and what of them trains."""
+
+    source: str = Field(
+        min_length=1,
+        max_length=1000,
+        description="In the service: a model reference (a train job id: its best checkpoint, "
+        "name, name/VERSION, name@ALIAS); run locally: a checkpoint file.",
+    )
+    head: Literal["auto", "keep", "reset"] = Field(
+        "auto",
+        description="auto: a new classifier when the classes differ (count or names), the "
+        "source's otherwise; keep: the source's; reset: always a new one.",
+    )
+    freeze: tuple[FreezeStage, ...] = Field(
+        (),
+        max_length=6,
+        description="Stages kept fixed (weights and batch-norm statistics): stem, layer1.., "
+        "all_but_head.",
+    )
+    backbone_lr: float = Field(
+        1.0, gt=0, le=1, description="The recipe's lr times this for every pretrained weight."
+    )
+    normalisation: Literal["source", "data"] = Field(
+        "source",
+        description="source: normalise as the source's training did (torchvision's fine-tuning "
+        "recipes); data: by the new data's statistics.",
+    )
+    resolved: PinnedInit | None = Field(
+        None, description="Filled in on submission (or at the start): the checkpoint used."
+    )
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        # The command line's `-i freeze=stem,layer1`.
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+
 class TrainSpec(Spec):
     """A training run: which net, on which data, with which recipe."""
 
@@ -281,3 +340,17 @@ class TrainSpec(Spec):
     model: ModelSpec
     dataset: DatasetSpec
     recipe: RecipeSpec = Field(default_factory=RecipeSpec)
+    init: InitSpec | None = Field(None, description="Start from these weights (a fine-tune).")
+
+    @model_validator(mode="after")
+    def _init_stages(self) -> TrainSpec:
+        # A frozen stage must be one of the net's (ResNet-20 has layer1..layer3).
+        stages = len(models.resolve(self.model.name, **self.model.options).layers)
+        names = {"stem", "all_but_head", *(f"layer{i}" for i in range(1, stages + 1))}
+        absent = sorted(set(self.init.freeze if self.init else ()) - names)
+        if absent:
+            raise ValueError(
+                f"init.freeze: {self.model.name} has {stages} stages (layer1..layer{stages}); "
+                f"{', '.join(absent)} is none of them"
+            )
+        return self
