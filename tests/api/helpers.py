@@ -66,14 +66,16 @@ TINY = {
 }
 
 
-def trained_job(settings: Settings) -> uuid.UUID:
-    """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files."""
+def trained_job(settings: Settings, run: dict[str, Any] = TINY) -> uuid.UUID:
+    """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files;
+    `run` (TINY by default) trains with a checkpoint every step, on the settings' data."""
     url = settings.database_url
-    job_id = new_job(url, model={"name": "resnet8"})
+    job_id = new_job(url, model=run["model"])
     token = claim(url, job_id)
     out = artifacts.job_dir(settings, job_id)
-    spec = TrainSpec.model_validate(TINY)
-    fit(spec, load_dataset(spec.dataset, data_root=out), out_dir=out, sink=RecordingSink())
+    spec = TrainSpec.model_validate(run)
+    data = load_dataset(spec.dataset, data_root=settings.data_dir)
+    fit(spec, data, out_dir=out, sink=RecordingSink())
     folder = out / "checkpoints"
     saved = [(1, folder / "step-1.pt", False), (2, folder / checkpoints.BEST, True)]
     kept = [str(path) for _, path, _ in saved]
