@@ -140,11 +140,17 @@ function drawHeader(parts, job, ctx, refresh) {
   if (canTrain && job.kind === "train" && job.status === "succeeded") {
     buttons.push(
       act("Evaluate", async () => {
+        const view = window.prompt(
+          "Evaluate the best checkpoint with the view (center, ten_crop, multi_scale):",
+          "center",
+        );
+        if (!view) return null;
         const spec = {
           kind: "evaluate",
           source_job: job.id,
           checkpoint: "best",
           dataset: job.spec.dataset,
+          view: view.trim(),
         };
         const created = await api("/jobs", { method: "POST", body: spec });
         ctx.navigate(`#/runs/${created.id}`);
@@ -382,7 +388,7 @@ function drawEvaluation(
     ],
     {
       title: {
-        text: `Confusion matrix${summary.ece !== undefined ? ` · ECE ${summary.ece.toFixed(4)}` : ""}`,
+        text: `Confusion matrix${summary.view ? ` · ${summary.view} view` : ""}${summary.ece !== undefined ? ` · ECE ${summary.ece.toFixed(4)}` : ""}`,
       },
       height: 420,
       xaxis: { title: { text: "predicted" }, type: "category" },
