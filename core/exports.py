@@ -112,7 +112,7 @@ def create(
     object_key = key(target.job_id, target.id, fmt)
     with tempfile.TemporaryDirectory(prefix="export-") as folder:
         path = Path(folder) / Path(object_key).name
-        checked = export.export_checked(model, info, fmt, path)
+        checked = export.export_checked(model, info, fmt, path, trained.preprocessing)
         sha256, size = sha256_of(path), path.stat().st_size
         store_for(settings).put(object_key, path, sha256)
     row = ModelExport(

@@ -16,6 +16,7 @@ exporter was used in the process), more on a busy machine.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
+import onnx
 import onnxruntime
 import torch
 from torch import Tensor, nn
@@ -32,6 +34,7 @@ from models.zoo import TRACING
 from training.data import DatasetInfo
 from training.pipeline import Normalise
 from training.predictor import serving_form
+from training.preprocess import Preprocessing
 
 Format = Literal["onnx", "torchscript", "torch_export"]
 FORMATS: tuple[Format, ...] = get_args(Format)
@@ -133,6 +136,15 @@ def write(net: nn.Module, fmt: Format, example: Tensor, path: Path) -> None:
             torch.export.save(program, path)
 
 
+def _annotate(path: Path, facts: dict[str, Any]) -> None:
+    """Add `facts` to an ONNX file's metadata, each as JSON under its key."""
+    model = onnx.load(str(path))
+    for key, value in facts.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+    onnx.save(model, str(path))
+
+
 def ort_session(model: bytes | Path, threads: int = 1) -> onnxruntime.InferenceSession:
     """An ONNX Runtime session of `model` on the CPU, with `threads` intra-op threads."""
     options = onnxruntime.SessionOptions()
@@ -171,13 +183,26 @@ def max_abs_diff(run: Callable[[Tensor], Tensor], net: nn.Module, batch: Tensor)
     return worst
 
 
-def export_checked(model: nn.Module, info: DatasetInfo, fmt: Format, path: Path) -> Checked:
+def export_checked(
+    model: nn.Module,
+    info: DatasetInfo,
+    fmt: Format,
+    path: Path,
+    preprocessing: Preprocessing | None = None,
+) -> Checked:
     """Write `model`'s served net in `fmt` to `path`, load it back and compare its
-    probabilities with the eager net's; `ExportMismatchError` (file removed) if over the bound."""
+    probabilities with the eager net's; `ExportMismatchError` (file removed) if over the bound.
+
+    The checkpoint's declared preprocessing goes into `details` (and into an ONNX file's
+    metadata, `preprocessing` and `classes` as JSON), so an export says how images become
+    its input."""
     batch = check_batch(info)
+    declared = (preprocessing or Preprocessing.of(info)).to_record()
     with TRACING:  # one trace or MAC count at a time in a process (see models.zoo)
         net = served_net(model)
         write(net, fmt, batch, path)
+    if fmt == "onnx":
+        _annotate(path, {"preprocessing": declared, "classes": list(info.classes)})
     difference = max_abs_diff(load(fmt, path), net, batch)
     if not difference <= TOLERANCE:  # NaN too
         path.unlink(missing_ok=True)
@@ -190,6 +215,7 @@ def export_checked(model: nn.Module, info: DatasetInfo, fmt: Format, path: Path)
         "mean": list(info.mean),
         "std": list(info.std),
         "classes": list(info.classes),
+        "preprocessing": declared,
         "batches_checked": [len(batch), 1],
         "check_seed": CHECK_SEED,
         "reference": "the eager serving form (batch norms folded) with softmax",

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import onnx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -138,6 +140,12 @@ def test_each_format_is_checked_stored_listed_downloaded_and_loads_back(
     assert export.max_abs_diff(loaded, net, batch) <= export.TOLERANCE
     with torch.inference_mode():
         assert torch.allclose(loaded(batch).sum(1), torch.ones(len(batch)))  # probabilities
+    # The export says how images become its input: the checkpoint's declared preprocessing.
+    assert row["details"]["preprocessing"] == trained.preprocessing.to_record()
+    if fmt == "onnx":
+        metadata = {entry.key: entry.value for entry in onnx.load(str(saved)).metadata_props}
+        assert json.loads(metadata["preprocessing"]) == trained.preprocessing.to_record()
+        assert json.loads(metadata["classes"]) == list(info.classes)
 
 
 def test_a_tampered_export_is_refused(
