@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import models
-from training import checkpoints
+from training import checkpoints, finetune
 from training.data import Batches, DatasetInfo, LoadedDataset
 from training.diagnostics import BlockProbe
 from training.evaluate import Evaluation, evaluate
@@ -118,20 +118,24 @@ def fit(
         # Every rank resumes from rank 0's checkpoint, which only rank 0 needs to read.
         latest, restored = ranks.share((latest, restored))
         ranks.check(spec.recipe.batch_size, len(data.train))
+    # A fine-tune's weights (a fresh run's) and normalisation (the source's).
+    spec, info, source = finetune.start(spec, info, restored)
     given, spec = spec.recipe, _as_used(spec, info, device, restored)
     recipe, channels_last = spec.recipe, bool(spec.recipe.channels_last)
     out_dir.mkdir(parents=True, exist_ok=True)
     if main:
         (out_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
     torch.manual_seed(recipe.seed)
-    model = build_model(spec.model, info).to(device)
+    model = build_model(spec.model, info)
+    finetune.prepare(model, spec.init, source)
+    model, source = model.to(device), None
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     amp_dtype = autocast_dtype(recipe, device)
     # Fixed shapes every step: let cuDNN pick its fastest kernels once.
     torch.backends.cudnn.benchmark = device.type == "cuda"
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    optimizer = make_optimizer(recipe, model)
+    optimizer = make_optimizer(recipe, model, finetune.param_groups(model, spec.init))
 
     augment = _augmentation(spec, info)
     preprocessing = preprocessing_for(spec.dataset, info)
@@ -177,6 +181,8 @@ def fit(
         sink.on_event("info", f"resumed from {latest.name} at step {state.step}")
     else:
         sink.on_event("info", f"training {spec.model.name} on {info.name} for {total} steps")
+        if spec.init is not None:
+            sink.on_event("info", finetune.describe(spec.init, info))
     sink.on_event("info", describe_augmentation(given, spec))
     sink.on_event("info", f"memory format: {'channels_last' if channels_last else 'NCHW'}")
     if ranks is not None:

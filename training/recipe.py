@@ -5,6 +5,7 @@ and the defaults that depend on the data and the device (augmentation, memory fo
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,9 +71,14 @@ def warmup_over(recipe: RecipeSpec, step: int, train_error: float) -> bool:
     return train_error < recipe.warmup_error or step >= recipe.warmup_iterations
 
 
-def make_optimizer(recipe: RecipeSpec, model: nn.Module) -> torch.optim.Optimizer:
-    """SGD (the papers'), Nesterov SGD or AdamW, with weight decay on every parameter."""
-    params = model.parameters()
+def make_optimizer(
+    recipe: RecipeSpec, model: nn.Module, groups: list[dict[str, Any]] | None = None
+) -> torch.optim.Optimizer:
+    """SGD (the papers'), Nesterov SGD or AdamW, with weight decay on every parameter.
+
+    `groups` (a fine-tune's) are parameter groups, each trained at its `lr_scale` times the lr.
+    """
+    params = groups if groups is not None else model.parameters()
     if recipe.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     return torch.optim.SGD(
@@ -85,9 +91,9 @@ def make_optimizer(recipe: RecipeSpec, model: nn.Module) -> torch.optim.Optimize
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every parameter group's learning rate."""
+    """Set every parameter group's learning rate (times the group's `lr_scale`, if any)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def augment_pad(recipe: RecipeSpec, image_size: tuple[int, int]) -> int:
