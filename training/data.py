@@ -6,7 +6,7 @@ Readers (`training.datasets`) return a `LoadedDataset`; the input pipeline
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,16 +78,48 @@ class FileSplit:
 
 
 Split = TensorSplit | FileSplit
+# Bad files a provenance names; all of them are counted.
+SKIPPED_NAMED = 20
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Which data a run read: its digest, where from, its classes, split sizes and the
+    unreadable files left out (`bad_files: skip`)."""
+
+    digest: str  # "sha256:<64 hex>" (training.datasets.digest says over what)
+    source: str  # the folder or file read, relative to the data root where it is inside it
+    classes: tuple[str, ...]
+    splits: Mapping[str, int]  # images in "train", "val" and "test", after every split
+    skipped: tuple[tuple[str, str], ...] = ()  # (file, error) of every file left out
+
+    def to_record(self) -> dict[str, Any]:
+        """A plain dict for summaries and checkpoints: the first bad files named, all counted."""
+        return {
+            "digest": self.digest,
+            "source": self.source,
+            "classes": list(self.classes),
+            "splits": dict(self.splits),
+            "skipped": [
+                {"file": file, "error": error} for file, error in self.skipped[:SKIPPED_NAMED]
+            ],
+            "skipped_count": len(self.skipped),
+        }
 
 
 @dataclass(frozen=True)
 class LoadedDataset:
-    """A dataset's info and its train / validation / test splits (validation may be empty)."""
+    """A dataset's info and its train / validation / test splits (validation may be empty).
+
+    `provenance` is set by every reader (`training.datasets.load_dataset`); a dataset made
+    by hand (benchmarks, tests) has none.
+    """
 
     info: DatasetInfo
     train: Split
     val: Split
     test: Split
+    provenance: Provenance | None = None
 
     def split(self, name: str) -> Split:
         """The split called `name` ("train", "val" or "test")."""

@@ -121,10 +121,18 @@ class ImageFolderSpec(_DatasetBase):
         None, ge=8, le=1024, description="Resize to this square size; default: the first image's."
     )
     test_fraction: float = Field(
-        0.2, gt=0, lt=1, description="Seeded test hold-out when there is no test/ subtree."
+        0.2,
+        gt=0,
+        lt=1,
+        description="Seeded test hold-out when there are no train/ and test/ or val/ subtrees.",
     )
     in_memory: bool | None = Field(
         None, description="Hold decoded images in memory; default: when they fit."
+    )
+    bad_files: Literal["fail", "skip"] = Field(
+        "fail",
+        description="An unreadable image file: fail the load naming it, or skip it (left "
+        "out, counted and named in the run's data provenance).",
     )
 
     @field_validator("path")

@@ -195,14 +195,16 @@ def unpack_archive(
     max_entries: int = MAX_ENTRIES,
     max_bytes: int = MAX_BYTES,
     limits: Limits | None = None,
+    sha256: str | None = None,
 ) -> Path:
     """Unpack the images of an archive into `cache/<sha256>/` (reused if there) and return it.
 
     `limits` (default: `max_entries` and `max_bytes` with the default ratio) bound what it
-    may unpack to; over one, `ArchiveLimitError` and nothing written.
+    may unpack to; over one, `ArchiveLimitError` and nothing written. `sha256`, when the
+    caller knows it already, saves reading the archive to find its folder.
     """
     limits = limits or Limits(max_entries=max_entries, max_bytes=max_bytes)
-    target = cache / sha256_of(path)
+    target = cache / (sha256 or sha256_of(path))
     if target.is_dir():
         return target
     packed = path.stat().st_size

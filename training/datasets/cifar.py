@@ -14,7 +14,8 @@ import numpy.typing as npt
 import torch
 
 from training.data import TensorSplit
-from training.datasets.common import Parts, download_with_torchvision, not_found
+from training.datasets.common import Parts, download_with_torchvision, not_found, source_name
+from training.datasets.digest import file_digest, files_digest
 
 
 @dataclass(frozen=True)
@@ -173,4 +174,13 @@ def load(name: str, data_root: Path, *, download: bool) -> Parts:
     train = _concat([_batch(pickles[part], fmt, f"{location}/{part}") for part in fmt.train])
     test = _batch(pickles[fmt.test], fmt, f"{location}/{fmt.test}")
     classes = _class_names(pickles[fmt.meta], fmt, f"{location}/{fmt.meta}")
-    return Parts(name, classes, 3, (32, 32), train, test)
+    source = source_name(location, data_root)
+    return Parts(name, classes, 3, (32, 32), train, test, _digest(fmt, location, data_root), source)
+
+
+def _digest(fmt: CifarFormat, location: Path, data_root: Path) -> str:
+    """The digest of what was read: the archive, or the folder's batch and meta files."""
+    if not location.is_dir():
+        return file_digest(location, data_root=data_root)
+    files = [location / name for name in (*fmt.train, fmt.test, fmt.meta)]
+    return files_digest(location, files, data_root=data_root)

@@ -11,7 +11,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.data import DatasetInfo, FileSplit, LoadedDataset, Split, TensorSplit, empty_split
+from training.data import (
+    DatasetInfo,
+    FileSplit,
+    LoadedDataset,
+    Provenance,
+    Split,
+    TensorSplit,
+    empty_split,
+)
 from training.datasets.images import read_image
 from training.specs import DatasetSpec
 
@@ -27,7 +35,11 @@ class DatasetNotFound(ValueError):  # noqa: N818 (the name the service's API use
 
 @dataclass(frozen=True)
 class Parts:
-    """What a reader found: class names, image shape and the train and test splits."""
+    """What a reader found: class names, image shape, the splits and where they came from.
+
+    `val` is a validation split the data brings (an ImageFolder's val/ beside its test/);
+    without one, validation is held out of `train`.
+    """
 
     name: str
     classes: tuple[str, ...]
@@ -35,6 +47,16 @@ class Parts:
     image_size: tuple[int, int]  # (height, width)
     train: Split
     test: Split
+    digest: str  # training.datasets.digest
+    source: str
+    val: Split | None = None
+    skipped: tuple[tuple[str, str], ...] = ()  # (file, error) of unreadable files left out
+
+
+def source_name(path: Path, data_root: Path) -> str:
+    """`path` relative to the data root where it lies inside it, else as it is."""
+    resolved, root = path.resolve(), data_root.resolve()
+    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else str(path)
 
 
 def not_found(name: str, places: Sequence[Path], hint: str) -> DatasetNotFound:
@@ -115,19 +137,26 @@ def split_stats(
 
 def _check_labels(parts: Parts) -> None:
     """Refuse labels that name no class (they would crash the loss much later)."""
-    labels = torch.cat([parts.train.labels, parts.test.labels])
+    val = parts.val.labels if parts.val is not None else torch.empty(0, dtype=torch.int64)
+    labels = torch.cat([parts.train.labels, val, parts.test.labels])
     if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(parts.classes):
         raise ValueError(f"dataset {parts.name!r} has labels outside 0..{len(parts.classes) - 1}")
 
 
 def assemble(parts: Parts, spec: DatasetSpec) -> LoadedDataset:
-    """Hold out validation, apply the train limit and measure the final training split."""
+    """Hold out validation (unless the data brings its own), apply the train limit and
+    measure the final training split."""
     _check_labels(parts)
-    train, val = hold_out(parts.train, spec.validation, spec.split_seed)
+    fraction = spec.validation if parts.val is None else 0.0
+    train, val = hold_out(parts.train, fraction, spec.split_seed)
+    val = val if parts.val is None else parts.val
     if spec.train_limit is not None:
         train = take(train, torch.arange(min(spec.train_limit, len(train))))
     if len(train) == 0:
         raise ValueError(f"dataset {parts.name!r} has no training images left after the splits")
     mean, std = split_stats(train, parts.channels, parts.image_size, spec.split_seed)
     info = DatasetInfo(parts.name, parts.classes, parts.channels, parts.image_size, mean, std)
-    return LoadedDataset(info, train, val if len(val) else empty_split(info), parts.test)
+    val = val if len(val) else empty_split(info)
+    sizes = {"train": len(train), "val": len(val), "test": len(parts.test)}
+    provenance = Provenance(parts.digest, parts.source, parts.classes, sizes, parts.skipped)
+    return LoadedDataset(info, train, val, parts.test, provenance)

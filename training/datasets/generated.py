@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
+import sklearn
 import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
 
 from training.data import TensorSplit
 from training.datasets.common import Parts, stratified_split, take
+from training.datasets.digest import described
 from training.specs import DigitsSpec, SyntheticSpec
 
 # Std of the noise around each synthetic class's pattern, in uint8 steps.
 NOISE_STD = 64.0
 CHUNK = 1_024
+DIGITS_SOURCE = "sklearn.datasets.load_digits"
+SYNTHETIC_SOURCE = "generated"
+# The spec fields that make a synthetic set's pixels and labels.
+SYNTHETIC_FIELDS = ("num_classes", "image_size", "channels", "train_size", "test_size")
 
 
 def digits(spec: DigitsSpec) -> Parts:
@@ -24,7 +30,11 @@ def digits(spec: DigitsSpec) -> Parts:
     everything = TensorSplit(torch.from_numpy(images), labels)
     kept, held = stratified_split(labels, spec.test_fraction, spec.split_seed)
     classes = tuple(str(digit) for digit in range(10))
-    return Parts("digits", classes, 1, (8, 8), take(everything, kept), take(everything, held))
+    # The data is scikit-learn's copy: its version names it (the split, like any
+    # dataset's, is no part of the digest).
+    digest = described({"dataset": "digits", "scikit-learn": sklearn.__version__})
+    train, test = take(everything, kept), take(everything, held)
+    return Parts("digits", classes, 1, (8, 8), train, test, digest, DIGITS_SOURCE)
 
 
 def _noisy(patterns: Tensor, count: int, generator: torch.Generator) -> TensorSplit:
@@ -47,4 +57,22 @@ def synthetic(spec: SyntheticSpec) -> Parts:
     test = _noisy(patterns, spec.test_size, generator)
     classes = tuple(f"class_{label}" for label in range(spec.num_classes))
     size = (spec.image_size, spec.image_size)
-    return Parts("synthetic", classes, spec.channels, size, train, test)
+    return Parts(
+        "synthetic",
+        classes,
+        spec.channels,
+        size,
+        train,
+        test,
+        _synthetic_digest(spec),
+        SYNTHETIC_SOURCE,
+    )
+
+
+def _synthetic_digest(spec: SyntheticSpec) -> str:
+    """The digest of a synthetic set: the fields and seed that draw it, and torch's version
+    (whose generator draws it)."""
+    fields = {name: getattr(spec, name) for name in SYNTHETIC_FIELDS}
+    return described(
+        {"dataset": "synthetic", **fields, "seed": spec.split_seed, "torch": torch.__version__}
+    )

@@ -12,7 +12,8 @@ import numpy.typing as npt
 import torch
 
 from training.data import TensorSplit
-from training.datasets.common import Parts, download_with_torchvision, not_found
+from training.datasets.common import Parts, download_with_torchvision, not_found, source_name
+from training.datasets.digest import files_digest
 
 # Where Debian's `dataset-fashion-mnist` package installs the files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -121,10 +122,12 @@ def load(name: str, data_root: Path, *, download: bool) -> Parts:
         download_with_torchvision(TORCHVISION_CLASSES[name], data_root)
     folder = locate(name, data_root)
     files = None if folder is None else _files(folder)
-    if files is None:
+    if folder is None or files is None:
         raise not_found(
             name, places(name, data_root), f"{hint(name, data_root)}, or enable downloads"
         )
     train, test = _split(files, FILES["train"]), _split(files, FILES["test"])
     size = (train.images.shape[2], train.images.shape[3])
-    return Parts(name, CLASSES[name], 1, size, train, test)
+    digest = files_digest(folder, list(files.values()), data_root=data_root)
+    source = source_name(folder, data_root)
+    return Parts(name, CLASSES[name], 1, size, train, test, digest, source)
