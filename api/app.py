@@ -27,6 +27,7 @@ from api.routers import (
     datasets,
     exports,
     health,
+    imports,
     inference,
     jobs,
     keys,
@@ -66,7 +67,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         API_PREFIX + datasets.router.prefix: settings.max_upload_bytes,
         predict.PATH: predict.body_limit(settings),
     }
-    infer_limit = ((inference.is_infer, inference.body_limit(settings)),)
+    infer_limit = (
+        (inference.is_infer, inference.body_limit(settings)),
+        (imports.is_import, imports.body_limit(settings)),
+    )
     app.add_middleware(
         BodyLimit, default=settings.max_request_bytes, by_path=uploads, by_test=infer_limit
     )
@@ -113,6 +117,7 @@ def _api() -> APIRouter:
     for router in (
         predict.router,
         model_registry.router,
+        imports.router,
         exports.router,
         jobs.router,
         exports.job_files,

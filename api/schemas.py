@@ -545,6 +545,57 @@ class AliasIn(BaseModel):
     version: int = Field(ge=1, le=2**31 - 1)
 
 
+class ImportPreprocessingIn(BaseModel):
+    """An import's preprocessing: the fields that differ from the net's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    crop: int | tuple[int, int] | None = Field(
+        None, description="The net's input: one size, or [height, width]."
+    )
+    resize: int | None = Field(
+        None, ge=1, description="The shorter side before the centre crop (absent: default)."
+    )
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+
+class ImportIn(BaseModel):
+    """The form fields of an import, beside the file: which net, its classes, how it reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str | None = Field(
+        None, max_length=100, description="A zoo name: resnet18..152, resnet20..1202."
+    )
+    options: dict[str, Any] = Field(default_factory=dict, max_length=16)
+    classes: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        None, min_length=1, max_length=100_000
+    )
+    preprocessing: ImportPreprocessingIn = Field(default_factory=ImportPreprocessingIn)
+    format: Literal["auto", "torchvision", "akamaster", "safetensors"] = "auto"
+    weights: str | None = Field(
+        None, max_length=100, description="A torchvision weight enum (ALLOW_DOWNLOADS)."
+    )
+
+
+class ImportedOut(BaseModel):
+    """What an imported version was made from, and how it was checked."""
+
+    format: Literal["torchvision", "akamaster", "safetensors"]
+    file_name: str
+    source_sha256: str = Field(description="The sha256 of the file as sent.")
+    architecture: str
+    keys: int = Field(description="Tensors the file held.")
+    checked_against: Literal["torchvision"] | None = Field(
+        description="Whose net gave the same outputs with the same weights (null: none has it)."
+    )
+    max_abs_diff: float | None = Field(
+        description="Max |ours - torchvision's| over a seeded batch (within 1e-4)."
+    )
+
+
 class VersionOut(BaseModel):
     """A registered version: its job's checkpoint and what that job reached."""
 
@@ -561,6 +612,9 @@ class VersionOut(BaseModel):
         None, description="The API key that made it (its id); null: made with auth off."
     )
     created_at: datetime
+    imported: ImportedOut | None = Field(
+        None, description="Imported weights: the file and its check (null: a trained job's)."
+    )
 
 
 class AliasOut(BaseModel):

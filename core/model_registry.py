@@ -61,7 +61,8 @@ def register(
     if NAME.fullmatch(name) is None:
         raise InvalidError(f"model name {name!r} must match {NAME.pattern}", field=("path", "name"))
     job = session.get(Job, job_id)
-    if job is None or job.kind != "train" or not caller.sees(job.owner_key_id):
+    # An import job (`core.imports`) holds converted weights as its one checkpoint.
+    if job is None or job.kind not in ("train", "import") or not caller.sees(job.owner_key_id):
         raise InvalidError(
             f"job {job_id} is not a train job of this service", field=("body", "job")
         )

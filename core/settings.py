@@ -108,6 +108,9 @@ class Settings(BaseSettings):
         1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
     )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
+    import_max_bytes: int = Field(
+        1024**3, ge=1024, description="Largest weights file an import takes (413 beyond)."
+    )
     # Admission budgets of a train job, checked on submission (422) and by the worker on
     # the real data; the defaults let the papers' nets through at the papers' recipes,
     # ImageNet ResNet-200 at batch 256 for 600k iterations included (62 GiB, 2.3e18 MACs).

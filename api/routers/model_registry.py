@@ -199,5 +199,6 @@ def _version_out(version: ModelVersion, job: Job) -> VersionOut:
             "params": job.params,
             "owner": version.owner_key_id,
             "created_at": version.created_at,
+            "imported": job.summary if job.kind == "import" else None,
         }
     )

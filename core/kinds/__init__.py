@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 from pydantic import Field
 
 from core.errors import InvalidError
-from core.kinds import evaluate, predict, train
+from core.kinds import evaluate, imported, predict, train
 from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext, register
 from core.kinds.evaluate import EvaluateJobSpec
+from core.kinds.imported import ImportJobSpec
 from core.kinds.predict import PredictJobSpec
 from core.kinds.train import TrainJobSpec
 
 __all__ = [
     "KINDS",
     "EvaluateJobSpec",
+    "ImportJobSpec",
     "JobKind",
     "JobSpec",
     "KindSpec",
@@ -30,6 +32,7 @@ __all__ = [
     "TrainJobSpec",
     "evaluate",
     "get",
+    "imported",
     "predict",
     "train",
 ]
@@ -37,6 +40,7 @@ __all__ = [
 register(train.KIND)
 register(evaluate.KIND)
 register(predict.KIND)
+register(imported.KIND)
 
 
 def get(name: str) -> JobKind[Any]:

@@ -47,7 +47,7 @@ def echo_kind() -> Iterator[JobKind[EchoSpec]]:
 
 
 def test_each_kind_is_registered_under_the_kind_its_spec_names() -> None:
-    assert list(kinds.KINDS) == ["train", "evaluate", "predict"]
+    assert list(kinds.KINDS) == ["train", "evaluate", "predict", "import"]
     for name, kind in kinds.KINDS.items():
         assert typing.get_args(kind.spec.model_fields["kind"].annotation) == (name,)
 
@@ -92,7 +92,7 @@ def test_a_predict_spec_refuses_what_it_cannot_run(fields: dict[str, Any], messa
 def test_a_name_is_registered_once_and_an_unknown_one_is_named() -> None:
     with pytest.raises(ValueError, match="registered already"):
         register(kinds.KINDS["train"])
-    with pytest.raises(InvalidError, match="kinds are train, evaluate, predict"):
+    with pytest.raises(InvalidError, match="kinds are train, evaluate, predict, import"):
         kinds.get("finetune")
 
 
