@@ -98,6 +98,22 @@ class Preprocessing:
             std=info.std,
         )
 
+    @classmethod
+    def for_decoding(
+        cls, crop: tuple[int, int], resize: int | None, channels: int
+    ) -> Preprocessing:
+        """The geometry a dataset's images are decoded to (the shorter side to `resize`,
+        default the input's, then the centre crop), with neutral statistics: decoding does
+        not normalise."""
+        return cls(
+            crop=crop,
+            resize=resize or min(crop),
+            interpolation="bilinear",
+            channels=channels,
+            mean=(0.0,) * channels,
+            std=(1.0,) * channels,
+        )
+
     @property
     def mode(self) -> InterpolationMode:
         """The interpolation as torchvision names it."""

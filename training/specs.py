@@ -118,7 +118,19 @@ class ImageFolderSpec(_DatasetBase):
     flip_keeps_label = True  # natural images, as a rule; augment_flip=false says otherwise
     path: str = Field(description="Folder or archive, relative to the data root.")
     image_size: int | None = Field(
-        None, ge=8, le=1024, description="Resize to this square size; default: the first image's."
+        None,
+        ge=8,
+        le=1024,
+        description="The net's square input: each image's centre crop of this size after "
+        "`resize`; default: the images' size when they all have one, else 224.",
+    )
+    resize: int | None = Field(
+        None,
+        ge=8,
+        le=2048,
+        description="The shorter side each image is resized to (aspect kept) before the "
+        "centre crop; default: the input size, so nothing of the shorter side is cut "
+        "(torchvision's evaluation takes 256 for 224).",
     )
     test_fraction: float = Field(
         0.2,
@@ -134,6 +146,19 @@ class ImageFolderSpec(_DatasetBase):
         description="An unreadable image file: fail the load naming it, or skip it (left "
         "out, counted and named in the run's data provenance).",
     )
+
+    @model_validator(mode="after")
+    def _crop_fits(self) -> ImageFolderSpec:
+        if (
+            self.resize is not None
+            and self.image_size is not None
+            and self.resize < self.image_size
+        ):
+            raise ValueError(
+                f"resize {self.resize} is smaller than image_size {self.image_size}: the "
+                "centre crop must fit in the resized image"
+            )
+        return self
 
     @field_validator("path")
     @classmethod

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from sklearn.datasets import load_digits
 
 from training.data import FileSplit, LoadedDataset, Split, TensorSplit
@@ -32,6 +32,7 @@ from training.datasets import (
     read_idx,
     unpack_archive,
 )
+from training.preprocess import preprocessing_for
 from training.specs import DatasetSpec
 
 U8 = npt.NDArray[np.uint8]
@@ -537,6 +538,57 @@ def test_imagefolder_uses_train_and_test_trees(root: Path) -> None:
     _assert_read_back(data, {**train, **test})
 
 
+def test_imagefolder_train_and_val_trees_make_val_the_test_split(root: Path) -> None:
+    # ImageNet's layout: the papers report val/ as their test figures.
+    train = _write_tree(root / "imnet" / "train", ("a", "b"), per_class=5)
+    val = _write_tree(root / "imnet" / "val", ("a", "b"), per_class=2, start=100)
+    data = load_dataset(_spec(name="imagefolder", path="imnet", validation=0.2), data_root=root)
+    assert data.info.classes == ("a", "b")  # not ("train", "val")
+    assert set(_by_key(data.test)) == set(val)
+    assert set(_by_key(data.train)) | set(_by_key(data.val)) == set(train)
+    assert (len(data.train), len(data.val), len(data.test)) == (8, 2, 4)
+    assert data.provenance is not None
+    assert data.provenance.splits == {"train": 8, "val": 2, "test": 4}
+    _assert_read_back(data, {**train, **val})
+
+
+def test_imagefolder_train_val_and_test_trees_are_the_three_splits(root: Path) -> None:
+    train = _write_tree(root / "s" / "train", ("a", "b"), per_class=3)
+    val = _write_tree(root / "s" / "val", ("a", "b"), per_class=2, start=100)
+    test = _write_tree(root / "s" / "test", ("a", "b"), per_class=1, start=200)
+    data = load_dataset(_spec(name="imagefolder", path="s", validation=0.5), data_root=root)
+    assert set(_by_key(data.train)) == set(train)  # nothing held out of train/
+    assert set(_by_key(data.val)) == set(val)
+    assert set(_by_key(data.test)) == set(test)
+    assert data.provenance is not None
+    assert data.provenance.splits == {"train": 6, "val": 4, "test": 2}
+    files = load_dataset(
+        _spec(name="imagefolder", path="s", in_memory=False, train_limit=4), data_root=root
+    )
+    assert isinstance(files.val, FileSplit)
+    assert {path.parent.parent.name for path in files.val.paths} == {"val"}
+    assert (len(files.train), len(files.val), len(files.test)) == (4, 4, 2)
+    _assert_read_back(data, {**train, **val, **test})
+
+
+@pytest.mark.parametrize("other", ["val", "test"])
+def test_imagefolder_split_classes_must_match_train_naming_the_folder(
+    root: Path, other: str
+) -> None:
+    _write_tree(root / "set" / "train", ("a", "b"))
+    _write_tree(root / "set" / "val", ("a", "c") if other == "val" else ("a", "b"), start=50)
+    if other == "test":
+        _write_tree(root / "set" / "test", ("a",), start=100)
+    with pytest.raises(ValueError, match=rf"set/{other} has classes .*; .*set/train has"):
+        load_dataset(_spec(name="imagefolder", path="set"), data_root=root)
+
+
+def test_a_lone_train_folder_is_a_class(root: Path) -> None:
+    _write_tree(root / "odd", ("train", "other"))
+    data = load_dataset(_spec(name="imagefolder", path="odd"), data_root=root)
+    assert data.info.classes == ("other", "train")
+
+
 def test_imagefolder_test_classes_must_match_train(root: Path) -> None:
     _write_tree(root / "set" / "train", ("a", "b"))
     _write_tree(root / "set" / "test", ("a", "c"))
@@ -555,11 +607,34 @@ def test_gray_images_give_one_channel_and_resize_applies(root: Path) -> None:
     assert _images(resized.test).shape[1:] == (1, 16, 16)
 
 
-def test_mixed_sizes_need_image_size(root: Path) -> None:
+def test_photos_of_many_sizes_take_224_pixels_unless_told(root: Path) -> None:
     _write_tree(root / "m", ("x",))
     _write_tree(root / "m", ("y",), size=(9, 9), start=50)
-    with pytest.raises(ValueError, match=r"m/y/\d\.png is 9x9 \(HxW\), the first image 5x7"):
-        load_dataset(_spec(name="imagefolder", path="m"), data_root=root)
+    data = load_dataset(_spec(name="imagefolder", path="m", in_memory=False), data_root=root)
+    assert data.info.image_size == (224, 224)
+    told = load_dataset(_spec(name="imagefolder", path="m", image_size=8), data_root=root)
+    assert told.info.image_size == (8, 8)
+
+
+def test_photos_are_centre_cropped_never_stretched(root: Path) -> None:
+    for name in ("x", "y"):
+        (root / "w" / name).mkdir(parents=True)
+        wide = np.zeros((10, 30, 3), dtype=np.uint8)
+        wide[:, 10:20] = 255  # a white middle third, black sides
+        Image.fromarray(wide).save(root / "w" / name / "0.png")
+        Image.fromarray(wide).save(root / "w" / name / "1.png")
+    spec = _spec(name="imagefolder", path="w", image_size=10, validation=0, test_fraction=0.5)
+    images = _images(load_dataset(spec, data_root=root).train)
+    assert images.shape[1:] == (3, 10, 10)
+    assert int(images.min()) == 255  # only the centre is left: the black sides are cut
+    # Resized to a shorter side of 20, the 10-pixel crop is the middle sixth of the width:
+    # white too, and the run declares that resize for serving.
+    wider = _spec(name="imagefolder", path="w", image_size=10, resize=20, validation=0)
+    resized = load_dataset(wider, data_root=root)
+    assert int(_images(resized.train).min()) == 255
+    assert preprocessing_for(wider, resized.info).resize == 20
+    with pytest.raises(ValidationError, match="resize 8 is smaller than image_size 10"):
+        _spec(name="imagefolder", path="w", image_size=10, resize=8)
 
 
 def test_corrupt_png_is_an_error_naming_the_file(root: Path) -> None:

@@ -20,7 +20,8 @@ from training.data import (
     TensorSplit,
     empty_split,
 )
-from training.datasets.images import read_image
+from training.datasets.images import open_image
+from training.preprocess import Preprocessing
 from training.specs import DatasetSpec
 
 # Normalisation of a file-backed split is estimated from this many training images.
@@ -131,7 +132,11 @@ def split_stats(
     if isinstance(split, TensorSplit):
         return channel_stats(split.images)
     order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))
-    sample = [read_image(split.paths[i], channels, size) for i in order[:STATS_SAMPLE].tolist()]
+    geometry = Preprocessing.for_decoding(size, None, channels)
+    sample = []
+    for index in order[:STATS_SAMPLE].tolist():
+        with open_image(split.paths[index]) as image:
+            sample.append(geometry.image(image))
     return channel_stats(torch.from_numpy(np.stack(sample)))
 
 

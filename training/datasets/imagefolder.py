@@ -33,13 +33,8 @@ from training.datasets.archives import (
 )
 from training.datasets.common import Parts, not_found, stratified_split, take
 from training.datasets.digest import cached_file_digest, file_digest, files_digest
-from training.datasets.images import (
-    GRAY_MODES,
-    decode,
-    is_image_name,
-    open_image,
-    upright_size,
-)
+from training.datasets.images import GRAY_MODES, is_image_name, open_image, upright_size
+from training.preprocess import Preprocessing
 from training.specs import ImageFolderSpec
 
 # Above this many decoded bytes a dataset is read from its files during training.
@@ -50,6 +45,8 @@ CACHE_FOLDER = ".unpacked"
 THREADS = min(32, os.cpu_count() or 1)
 # Unreadable files quoted in the error of `bad_files: fail` (all are counted).
 NAMED_IN_ERROR = 5
+# The input of photos of many sizes when none is given: torchvision's ImageNet crop.
+PHOTO_INPUT = 224
 SPLITS = ("train", "val", "test")
 T = TypeVar("T")
 Facts = tuple[tuple[int, int], bool]  # an image's upright (height, width), and whether gray
@@ -180,26 +177,6 @@ def _check_trained(classes: tuple[str, ...], train: Split, tree: Path) -> None:
         raise ValueError(f"no training images in the class folders {empty} of {tree}")
 
 
-def _first_size(split: FileSplit) -> tuple[int, int]:
-    """The upright (height, width) of the split's first readable image."""
-    for path in split.paths:
-        try:
-            with open_image(path) as image:
-                return upright_size(image)
-        except ValueError:
-            continue  # named with the other unreadable files once all are read
-    raise ValueError(f"none of the {len(split)} training images can be read")
-
-
-def _check_size(path: Path, actual: tuple[int, int], size: tuple[int, int]) -> None:
-    """Refuse an image whose (height, width) differs from the dataset's."""
-    if actual != size:
-        raise ValueError(
-            f"image {path} is {actual[0]}x{actual[1]} (HxW), the first image {size[0]}x{size[1]}; "
-            "set image_size to resize them all"
-        )
-
-
 def _on_threads(
     paths: Sequence[Path], work: Callable[[int, Path], T]
 ) -> tuple[list[T | None], list[tuple[Path, str]]]:
@@ -218,13 +195,16 @@ def _on_threads(
     return [result for result, _ in outcomes], bad
 
 
-def _decoder(images: npt.NDArray[np.uint8], size: tuple[int, int]) -> Callable[[int, Path], Facts]:
-    """Work that decodes file `index` into `images[index]` (RGB) and says what it was."""
+def _decoder(
+    images: npt.NDArray[np.uint8], geometry: Preprocessing
+) -> Callable[[int, Path], Facts]:
+    """Work that decodes file `index` into `images[index]` (RGB, the shorter side resized
+    and the centre cropped as the run's preprocessing declares) and says what it was."""
 
     def work(index: int, path: Path) -> Facts:
         with open_image(path) as image:
             facts = upright_size(image), image.mode in GRAY_MODES
-            images[index] = decode(image, 3, size)
+            images[index] = geometry.image(image)
         return facts
 
     return work
@@ -251,12 +231,12 @@ class _Read:
     images: npt.NDArray[np.uint8] | None
 
 
-def _read(split: FileSplit, size: tuple[int, int], in_memory: bool) -> _Read:
+def _read(split: FileSplit, geometry: Preprocessing, in_memory: bool) -> _Read:
     """Read every file of a split: decoded into memory, or checked in place."""
     if not in_memory:
         return _Read(split, *_on_threads(split.paths, _check_file), None)
-    images = np.empty((len(split), 3, *size), dtype=np.uint8)
-    return _Read(split, *_on_threads(split.paths, _decoder(images, size)), images)
+    images = np.empty((len(split), 3, *geometry.crop), dtype=np.uint8)
+    return _Read(split, *_on_threads(split.paths, _decoder(images, geometry)), images)
 
 
 def _unreadable(bad: list[tuple[Path, str]], total: int, tree: Path) -> ValueError:
@@ -304,19 +284,36 @@ def _digest(spec: ImageFolderSpec, data_root: Path, tree: Path, layout: Layout) 
 def _read_all(
     spec: ImageFolderSpec, layout: Layout, size: tuple[int, int], tree: Path
 ) -> tuple[dict[str, _Read], list[tuple[Path, str]]]:
-    """Every split read, sizes checked, and the unreadable files (refused unless skipped)."""
+    """Every split read, and the unreadable files (refused unless skipped)."""
     total = sum(len(split) for split in layout.splits().values())
     in_memory = _fits_in_memory(spec.in_memory, total, size)
-    reads = {name: _read(split, size, in_memory) for name, split in layout.splits().items()}
+    geometry = Preprocessing.for_decoding(size, spec.resize, 3)
+    reads = {name: _read(split, geometry, in_memory) for name, split in layout.splits().items()}
     bad = [item for read in reads.values() for item in read.bad]
     if bad and spec.bad_files == "fail":
         raise _unreadable(bad, total, tree)
-    if spec.image_size is None:
-        for read in reads.values():
-            for path, facts in zip(read.split.paths, read.facts, strict=True):
-                if facts is not None:
-                    _check_size(path, facts[0], size)
     return reads, bad
+
+
+def _input_size(spec: ImageFolderSpec, layout: Layout) -> tuple[int, int]:
+    """The net's input: as given; else the images' (height, width) when they all share one
+    (read from their headers), else torchvision's 224 for photos of many sizes."""
+    if spec.image_size:
+        return spec.image_size, spec.image_size
+    paths = [path for split in layout.splits().values() for path in split.paths]
+    sizes, _ = _on_threads(paths, _header_size)  # unreadable files are named when read
+    found = {size for size in sizes if size is not None}
+    if len(found) == 1:
+        return found.pop()
+    if not found:
+        raise ValueError(f"none of the {len(paths)} images can be read")
+    return PHOTO_INPUT, PHOTO_INPUT
+
+
+def _header_size(_index: int, path: Path) -> tuple[int, int]:
+    """An image's upright (height, width), from its header."""
+    with open_image(path) as image:
+        return upright_size(image)
 
 
 def load(
@@ -330,7 +327,7 @@ def load(
     tree = find_tree(spec, data_root, max_entries=max_entries, max_bytes=max_bytes)
     layout = file_splits(tree, spec)
     digest = _digest(spec, data_root, tree, layout)
-    size = (spec.image_size, spec.image_size) if spec.image_size else _first_size(layout.train)
+    size = _input_size(spec, layout)
     reads, bad = _read_all(spec, layout, size, tree)
     gray = all(f[1] for read in reads.values() for f in read.facts if f is not None)
     splits = {name: _kept(read, gray) for name, read in reads.items()}
