@@ -7,7 +7,8 @@ seeds; `Preset.paper_number` gives the papers' number for a cell, as a fraction.
 `quick` trains a 6,000-image subset for at most 300 iterations, with a warm-up and a
 cosine decay, so that 3 seeds of every cell finish on a 2-core CPU in about 20 minutes
 (`quick_minutes` estimates it); `paper` is the papers' CIFAR-10 recipe and depths, for GPU
-workers.
+workers. The ImageNet preset trains on an image folder the user names, at 64x64 pixels
+quickly and at the paper's 224x224 crops and 600k iterations on a GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import copy
 import itertools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import models
@@ -35,6 +36,12 @@ QUICK_DATASETS = ("fashion_mnist", "cifar10", "imagefolder")
 # fraction of its iterations (the share the engine's one-cycle schedule ramps over).
 QUICK_LR = 0.05
 WARMUP_FRACTION = 0.3
+# The 2015 paper's ImageNet runs: up to 60e4 iterations of batch 256 on 1.28M images, with
+# the scale augmentation and "the standard color augmentation" of AlexNet (Sec. 3.4).
+IMAGENET_ITERATIONS = 600_000
+IMAGENET_TRAIN_IMAGES = 1_281_167
+IMAGENET_AUGMENTATION: dict[str, Any] = {"augmentation": "imagenet_scale", "pca_lighting": 0.1}
+IMAGENET_NETS = ["plain18", "plain34", "resnet18", "resnet34"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Layout:
     model: dict[str, Any]
     grid: dict[str, list[Any]]
     recipe: dict[str, Any]
+    # Dataset fields the scale sets where the user's dataset leaves them out (image_size).
+    dataset: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] | None = None  # None: what the job's compute implies
 
 
 def _no_numbers(_cell: Cell) -> float | None:
@@ -76,6 +86,7 @@ class Preset:
     paper: Layout
     numbers: Callable[[Cell], float | None] = _no_numbers
     quick_why: str = ""  # this preset's own reason for its quick recipe
+    datasets: tuple[str, ...] = ()  # the only datasets it trains on, at both scales; (): any
 
     def layout(self, scale: Scale) -> Layout:
         """The net, grid and recipe of `scale`."""
@@ -90,7 +101,10 @@ class Preset:
     def plan(self, *, dataset: dict[str, Any], scale: Scale, seeds: int | list[int]) -> Plan:
         """The study on `dataset` at `scale`: base spec, grid and seeds, name and tags."""
         layout = self.layout(scale)
+        self._check_dataset(dataset)
         data = copy.deepcopy(dataset)
+        for key, value in layout.dataset.items():
+            data.setdefault(key, copy.deepcopy(value))
         if scale == "quick" and data.get("train_limit") is None:
             data["train_limit"] = QUICK_TRAIN_LIMIT
         # The papers' final runs train on the whole training split (their 45k/5k split
@@ -102,6 +116,8 @@ class Preset:
             "dataset": data,
             "recipe": copy.deepcopy(layout.recipe),
         }
+        if layout.resources is not None:
+            base["resources"] = copy.deepcopy(layout.resources)
         return Plan(
             base=base,
             grid=copy.deepcopy(layout.grid),
@@ -110,15 +126,30 @@ class Preset:
             tags=[f"preset:{self.name}", f"scale:{scale}"],
         )
 
+    def _check_dataset(self, dataset: dict[str, Any]) -> None:
+        """Refuse a dataset the preset does not train on, naming the ones it does."""
+        if self.datasets and dataset.get("name") not in self.datasets:
+            raise InvalidError(
+                f"preset {self.name!r} trains on {' or '.join(self.datasets)}, not "
+                f"{dataset.get('name')!r}",
+                field=("body", "dataset", "name"),
+            )
+
     def paper_number(self, cell: dict[str, Any]) -> float | None:
         """The papers' number for a cell (a fraction), or None where they give none."""
         return self.numbers(cell)
 
     def recipe_note(self, scale: Scale) -> str:
         """The recipe of `scale` in words: budget, warm-up, schedule, and what differs."""
-        recipe = self.layout(scale).recipe
+        layout = self.layout(scale)
+        recipe = layout.recipe
         if scale == "quick":
-            return _quick_note(recipe) + (f" {self.quick_why}" if self.quick_why else "")
+            augmentation = _augmentation_note(recipe, layout.dataset)
+            return _quick_note(recipe, augmentation) + (
+                f" {self.quick_why}" if self.quick_why else ""
+            )
+        if recipe.get("augmentation") == "imagenet_scale":
+            return _imagenet_note(recipe, layout.dataset)
         return _paper_note(recipe)
 
 
@@ -182,7 +213,37 @@ def _paper_recipe(*, warmup: Literal["auto", "paper"] = "auto", **extra: Any) ->
     }
 
 
-def _quick_note(recipe: Mapping[str, Any]) -> str:
+def _imagenet_recipe() -> dict[str, Any]:
+    """The 2015 paper's ImageNet recipe (Sec. 3.4): batch 256, 600k iterations, lr 0.1 / 10."""
+    return {
+        "iterations": IMAGENET_ITERATIONS,
+        "batch_size": 256,
+        "lr": 0.1,
+        "momentum": 0.9,
+        "weight_decay": 1e-4,
+        "schedule": "multistep",
+        # The paper divides lr by 10 when the error plateaus: at about 30, 60 and 90 of its
+        # 120 epochs (Fig. 4), which fixed fractions of the budget stand in for.
+        "milestones": [0.25, 0.5, 0.75],
+        "warmup": "off",
+        **IMAGENET_AUGMENTATION,
+    }
+
+
+def _augmentation_note(recipe: Mapping[str, Any], dataset: Mapping[str, Any]) -> str:
+    """The training augmentation of a recipe, in words."""
+    if recipe.get("augmentation") != "imagenet_scale":
+        return "The papers' augmentation (4-pixel pad, random crop, flip)"
+    size = dataset["image_size"]
+    low, high = round(size * 256 / 224), round(size * 480 / 224)
+    return (
+        "The 2015 paper's ImageNet augmentation scaled to the input: the shorter side "
+        f"resized at random in [{low}, {high}] pixels, a random {size}x{size} crop, flips, "
+        f"PCA colour noise {recipe['pca_lighting']}"
+    )
+
+
+def _quick_note(recipe: Mapping[str, Any], augmentation: str) -> str:
     iterations, warmup = recipe["iterations"], recipe["warmup_iterations"]
     epochs = iterations * recipe["batch_size"] / QUICK_TRAIN_LIMIT
     tests = [
@@ -199,8 +260,7 @@ def _quick_note(recipe: Mapping[str, Any]) -> str:
             f"the first {warmup} iterations, then follows the run's cosine (from "
             f"{0.5 * (1 + math.cos(math.pi * warmup / iterations)):.0%} of the peak there) "
             "down to zero.",
-            "The papers' augmentation (4-pixel pad, random crop, flip); no validation "
-            f"hold-out; test error at {passes}.",
+            f"{augmentation}; no validation hold-out; test error at {passes}.",
             *(
                 [f"Per-unit responses are recorded every {diagnostics} iterations."]
                 if diagnostics
@@ -234,6 +294,28 @@ def _paper_note(recipe: Mapping[str, Any]) -> str:
                 else []
             ),
             "Meant for GPU workers: on the 2-core CPU one ResNet-110 run takes over a day.",
+        ]
+    )
+
+
+def _imagenet_note(recipe: Mapping[str, Any], dataset: Mapping[str, Any]) -> str:
+    """The ImageNet paper scale in words."""
+    iterations, batch = recipe["iterations"], recipe["batch_size"]
+    epochs = iterations * batch / IMAGENET_TRAIN_IMAGES
+    drops = ", ".join(f"{round(m * iterations / 1000)}k" for m in recipe["milestones"])
+    return " ".join(
+        [
+            f"The 2015 paper's ImageNet recipe: {iterations:,} iterations of batch {batch} "
+            f"(about {epochs:.0f} epochs of ImageNet's 1.28M training images), SGD with "
+            f"momentum {recipe['momentum']} and weight decay 1e-4, lr "
+            f"{recipe['lr']} divided by 10 at {drops} iterations (the paper divides it when "
+            "the error plateaus, at about 30, 60 and 90 epochs; fixed milestones stand in); "
+            "no warm-up.",
+            _augmentation_note(recipe, dataset) + " (2015 Sec. 3.4). Trained on the whole "
+            "train/ tree; val/ is the test split, with test error after every epoch, from one "
+            f"centre {dataset['image_size']}x{dataset['image_size']} crop of each image (the "
+            "checkpoint's preprocessing), where the paper's numbers are 10-crop.",
+            "Meant for GPU workers: every cell asks for one.",
         ]
     )
 
@@ -290,9 +372,23 @@ TABLE2 = {
 }
 
 
+# 2015 Table 2: ImageNet top-1 error (10-crop) on the validation set.
+IMAGENET_TABLE2 = {
+    "plain18": 0.2794,
+    "plain34": 0.2854,
+    "resnet18": 0.2788,
+    "resnet34": 0.2503,
+}
+
+
 def _by_name(cell: Cell) -> float | None:
     """Table 6: the number of the cell's net."""
     return TABLE6.get(cell.get("model.name", ""))
+
+
+def _by_imagenet_name(cell: Cell) -> float | None:
+    """2015 Table 2: the number of the cell's ImageNet net."""
+    return IMAGENET_TABLE2.get(cell.get("model.name", ""))
 
 
 def _by_shortcut(cell: Cell) -> float | None:
@@ -359,6 +455,61 @@ PRESETS: dict[str, Preset] = {
                 "gap at 56 layers; at this budget the residual nets do not yet improve with "
                 "depth, which needs the paper scale."
             ),
+        ),
+        Preset(
+            name="imagenet_degradation",
+            title="Plain against residual nets on ImageNet, 18 and 34 layers",
+            source="He et al. 2015, Table 2 and Fig. 4 (ImageNet)",
+            description=(
+                "Plain nets of 18 and 34 layers against residual nets of the same layers, "
+                "with the ImageNet stem (a 7x7/2 conv and a 3x3/2 max pool). The deeper "
+                "plain net is the worse one, 28.54% top-1 error against plain-18's 27.94%, "
+                "with the higher training error all through training (Fig. 4 left): the "
+                "degradation problem on ImageNet. With shortcuts depth pays: ResNet-34 "
+                "ends at 25.03% against ResNet-18's 27.88%, and ResNet-18 converges faster "
+                "than plain-18 to about the same error (Fig. 4 right). The dataset is an "
+                "imagefolder whose path you give: at the paper scale ImageNet's train/ and "
+                "val/ trees (one folder per class), val/ read as the test split."
+            ),
+            metric="final_test_error",
+            note=(
+                "The numbers are Table 2's top-1 errors on ImageNet's validation set, "
+                "10-crop; the study's test error is one centre crop of each val/ image, a "
+                "little above that (an evaluate job with view ten_crop on a cell's "
+                "checkpoint gives the paper's measure). Table 2's ResNets have "
+                "option A shortcuts (zero-padding, no extra parameters); these take the "
+                "zoo's ImageNet default, option B (projections where dimensions grow), "
+                "because a grid crosses every net with every option and plain nets take "
+                "none: Table 3 puts ResNet-34 with B half a point below A (24.52% against "
+                "25.03%). The quick scale trains 6,000 images of a small folder at 64x64 "
+                "pixels for 160 iterations, not 1.28M images at 224x224 for 600k: its "
+                "errors are far above the papers', which are shown beside its cells as a "
+                "reference, not a target."
+            ),
+            quick_datasets=("imagefolder",),
+            quick=Layout(
+                model={"name": "plain18"},
+                grid={"model.name": list(IMAGENET_NETS)},
+                recipe=_quick_recipe(200, evaluations=1, batch_size=32, **IMAGENET_AUGMENTATION),
+                dataset={"image_size": 64},
+            ),
+            paper=Layout(
+                model={"name": "plain18"},
+                grid={"model.name": list(IMAGENET_NETS)},
+                recipe=_imagenet_recipe(),
+                dataset={"image_size": 224},
+                resources={"device": "gpu", "gpus": 1},
+            ),
+            numbers=_by_imagenet_name,
+            quick_why=(
+                "Four ImageNet nets share the 20 minutes, so each cell is 160 iterations of "
+                "batch 64 on 64x64 crops. Give it a small folder of natural images (10 "
+                "classes of ImageNet, Imagenette, say): every image of the folder is read "
+                "before training, so a whole ImageNet tree is too slow for this scale. Look "
+                "for plain-34 training worse than plain-18 and the residual nets ahead of "
+                "their plain counterparts."
+            ),
+            datasets=("imagefolder",),
         ),
         Preset(
             name="shortcut_options",
@@ -593,7 +744,8 @@ CPU_SECONDS_PER_IMAGE = 0.62e-3
 CPU_SECONDS_PER_MAC = 4.74e-11
 EVAL_SPEEDUP = 4  # a forward pass at batch 512 without gradients, against a training step
 JOB_SECONDS = 8  # a job's own start: a fresh process, imports, data, the net's MAC count
-# Channels, image size and test images of each dataset; an image folder is taken as CIFAR.
+# Channels, image size and test images of each dataset; an image folder is taken as CIFAR
+# at the size its preset gives it, if any.
 INPUTS: dict[str, tuple[int, int, int]] = {
     "fashion_mnist": (1, 28, 10_000),
     "mnist": (1, 28, 10_000),
@@ -610,14 +762,17 @@ def cpu_images_per_s(macs: float) -> float:
 def quick_minutes(
     preset: Preset,
     *,
-    dataset: str = "fashion_mnist",
+    dataset: str | None = None,
     seeds: int = 3,
     images_per_s: Callable[[float], float] = cpu_images_per_s,
 ) -> float:
-    """Minutes one worker takes for the quick scale: every cell x seed's training steps,
-    test passes and start; `images_per_s` maps a net's MACs per image to its training rate."""
-    plan = preset.plan(dataset={"name": dataset}, scale="quick", seeds=seeds)
-    channels, size, test_images = INPUTS.get(dataset, INPUTS["cifar10"])
+    """Minutes one worker takes for the quick scale on `dataset` (default: the preset's
+    first): every cell x seed's training steps, test passes and start; `images_per_s` maps
+    a net's MACs per image to its training rate."""
+    name = dataset or preset.quick_datasets[0]
+    plan = preset.plan(dataset={"name": name}, scale="quick", seeds=seeds)
+    channels, size, test_images = INPUTS.get(name, INPUTS["cifar10"])
+    size = plan.base["dataset"].get("image_size", size)
     seconds = 0.0
     for cell in _cells(plan.grid):
         spec = _with_cell(plan.base, cell)

@@ -11,7 +11,8 @@ import pytest
 import models
 from core.errors import InvalidError
 from core.kinds import TrainJobSpec
-from core.studies import presets
+from core.resources import ResourcesSpec
+from core.studies import grid, presets
 from core.studies.presets import Preset, Scale
 
 DATASETS: dict[Scale, list[dict[str, Any]]] = {
@@ -22,7 +23,19 @@ DATASETS: dict[Scale, list[dict[str, Any]]] = {
     ],
     "paper": [{"name": "cifar10"}],
 }
+# The ImageNet preset trains on an image folder only: ImageNet's tree at the paper scale.
+IMAGENET_DATASETS: dict[Scale, list[dict[str, Any]]] = {
+    "quick": [{"name": "imagefolder", "path": "photos"}],
+    "paper": [{"name": "imagefolder", "path": "imagenet"}],
+}
 ALL = list(presets.PRESETS.values())
+CIFAR = [preset for preset in ALL if not preset.datasets]
+IMAGENET = presets.get("imagenet_degradation")
+
+
+def datasets_for(preset: Preset, scale: Scale) -> list[dict[str, Any]]:
+    """The datasets the tests run `preset` on at `scale`."""
+    return IMAGENET_DATASETS[scale] if preset.datasets else DATASETS[scale]
 
 
 def cell_payloads(preset: Preset, scale: Scale, dataset: dict[str, Any]) -> list[dict[str, Any]]:
@@ -43,7 +56,7 @@ def cell_payloads(preset: Preset, scale: Scale, dataset: dict[str, Any]) -> list
 
 def paper_numbers(preset: Preset, scale: Scale = "paper") -> dict[str, float | None]:
     """The preset's number for each cell of `scale`, keyed by the cell's values."""
-    grid = preset.plan(dataset={"name": "cifar10"}, scale=scale, seeds=1).grid
+    grid = preset.plan(dataset=datasets_for(preset, scale)[0], scale=scale, seeds=1).grid
     found = {}
     for values in itertools.product(*grid.values()):
         cell = dict(zip(grid, values, strict=True))
@@ -54,7 +67,7 @@ def paper_numbers(preset: Preset, scale: Scale = "paper") -> dict[str, float | N
 @pytest.mark.parametrize("scale", ["quick", "paper"])
 @pytest.mark.parametrize("preset", ALL, ids=lambda preset: preset.name)
 def test_every_cell_of_every_preset_is_a_valid_train_spec(preset: Preset, scale: Scale) -> None:
-    for dataset in DATASETS[scale]:
+    for dataset in datasets_for(preset, scale):
         payloads = cell_payloads(preset, scale, dataset)
         assert len(payloads) >= 2
         for payload in payloads:
@@ -65,6 +78,7 @@ def test_every_cell_of_every_preset_is_a_valid_train_spec(preset: Preset, scale:
 def test_the_presets_are_the_papers_experiments_in_the_papers_order() -> None:
     assert list(presets.PRESETS) == [
         "degradation",
+        "imagenet_degradation",
         "shortcut_options",
         "cifar_depth",
         "responses",
@@ -79,7 +93,7 @@ def test_the_presets_are_the_papers_experiments_in_the_papers_order() -> None:
         assert preset.description
         assert preset.note
         assert preset.metric in ("final_test_error", "best_test_error", "final_train_error")
-        assert preset.quick_datasets[0] == "fashion_mnist"
+        assert preset.quick_datasets[0] == ("imagefolder" if preset.datasets else "fashion_mnist")
         assert preset.recipe_note("quick") != preset.recipe_note("paper")
 
 
@@ -173,7 +187,7 @@ def test_an_unknown_preset_or_scale_is_refused_with_the_choices() -> None:
         presets.get("units").plan(dataset={"name": "cifar10"}, scale="huge", seeds=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("preset", ALL, ids=lambda preset: preset.name)
+@pytest.mark.parametrize("preset", CIFAR, ids=lambda preset: preset.name)
 def test_the_quick_scale_trains_a_subset_with_a_warmup_and_a_short_schedule(
     preset: Preset,
 ) -> None:
@@ -194,7 +208,7 @@ def test_the_quick_scale_trains_a_subset_with_a_warmup_and_a_short_schedule(
     assert given.base["dataset"] == {"name": "cifar10", "train_limit": 2000, "validation": 0.2}
 
 
-@pytest.mark.parametrize("preset", ALL, ids=lambda preset: preset.name)
+@pytest.mark.parametrize("preset", CIFAR, ids=lambda preset: preset.name)
 def test_the_paper_scale_is_the_papers_recipe(preset: Preset) -> None:
     plan = preset.plan(dataset={"name": "cifar10"}, scale="paper", seeds=5)
     recipe = plan.base["recipe"]
@@ -234,7 +248,7 @@ def test_the_cpu_throughput_model_matches_the_measured_rates() -> None:
     assert rate("resnet56", 3, 32) == pytest.approx(150, rel=0.05)
 
 
-@pytest.mark.parametrize("preset", ALL, ids=lambda preset: preset.name)
+@pytest.mark.parametrize("preset", CIFAR, ids=lambda preset: preset.name)
 def test_three_seeds_of_the_quick_scale_take_about_20_minutes_on_the_cpu(
     preset: Preset,
 ) -> None:
@@ -250,3 +264,91 @@ def test_three_seeds_of_the_quick_scale_take_about_20_minutes_on_the_cpu(
     assert twice == pytest.approx(
         (fashion - starts * presets.JOB_SECONDS / 60) / 2 + starts * presets.JOB_SECONDS / 60
     )
+
+
+def test_the_imagenet_preset_is_table_2s_four_imagenet_nets_at_both_scales() -> None:
+    for scale in presets.SCALES:
+        plan = IMAGENET.plan(dataset=IMAGENET_DATASETS[scale][0], scale=scale, seeds=1)
+        assert plan.grid == {"model.name": ["plain18", "plain34", "resnet18", "resnet34"]}
+        assert {models.resolve(name).stem for name in plan.grid["model.name"]} == {"imagenet"}
+        assert plan.base["recipe"]["augmentation"] == "imagenet_scale"
+        assert plan.base["dataset"]["path"] == IMAGENET_DATASETS[scale][0]["path"]
+
+
+def test_the_imagenet_quick_scale_is_admitted_as_cpu_jobs_on_small_photos() -> None:
+    plan = IMAGENET.plan(dataset=IMAGENET_DATASETS["quick"][0], scale="quick", seeds=2)
+    assert plan.base["dataset"] == {
+        "name": "imagefolder",
+        "path": "photos",
+        "image_size": 64,
+        "train_limit": 6000,
+        "validation": 0,
+    }
+    recipe = plan.base["recipe"]
+    assert 100 <= recipe["iterations"] <= 300
+    assert (recipe["warmup"], recipe["schedule"]) == ("linear", "cosine")
+    # A study's cells pass admission where grid.expand validates each one as a job spec.
+    expanded = grid.expand(
+        plan.base, plan.grid, plan.seeds, name=plan.name, tags=plan.tags, max_jobs=100
+    )
+    assert len(expanded.jobs) == 8
+    for _cell, _seed, spec in expanded.jobs:
+        assert spec.resources == ResourcesSpec(device="any", gpus=0)
+        assert (spec.dataset.name, spec.recipe.augmentation) == ("imagefolder", "imagenet_scale")
+    assert "[73, 137] pixels, a random 64x64 crop" in IMAGENET.recipe_note("quick")
+    given = IMAGENET.plan(
+        dataset={"name": "imagefolder", "path": "p", "image_size": 96}, scale="quick", seeds=1
+    )
+    assert given.base["dataset"]["image_size"] == 96  # the user's fields are kept
+
+
+def test_three_seeds_of_the_imagenet_quick_scale_take_about_20_minutes_on_the_cpu() -> None:
+    # Image folders are counted with CIFAR's 10,000 test images, at the preset's 64x64.
+    minutes = presets.quick_minutes(IMAGENET)
+    assert 12 <= minutes <= 23
+    assert presets.quick_minutes(IMAGENET, seeds=1) == pytest.approx(minutes / 3)
+
+
+def test_the_imagenet_paper_scale_is_the_papers_recipe_on_gpu_workers() -> None:
+    plan = IMAGENET.plan(dataset=IMAGENET_DATASETS["paper"][0], scale="paper", seeds=1)
+    assert plan.base["dataset"] == {
+        "name": "imagefolder",
+        "path": "imagenet",
+        "image_size": 224,
+        "validation": 0,
+    }
+    recipe = plan.base["recipe"]
+    assert {k: recipe[k] for k in ("iterations", "batch_size", "lr", "momentum")} == {
+        "iterations": 600_000,
+        "batch_size": 256,
+        "lr": 0.1,
+        "momentum": 0.9,
+    }
+    assert (recipe["weight_decay"], recipe["schedule"]) == (1e-4, "multistep")
+    assert recipe["milestones"] == [0.25, 0.5, 0.75]
+    assert recipe["warmup"] == "off"
+    for payload in cell_payloads(IMAGENET, "paper", IMAGENET_DATASETS["paper"][0]):
+        spec = TrainJobSpec.model_validate(payload)
+        assert spec.resources == ResourcesSpec(device="gpu", gpus=1)
+        assert spec.recipe.augmentation == "imagenet_scale"
+    note = IMAGENET.recipe_note("paper")
+    assert "600,000 iterations of batch 256" in note
+    assert "150k, 300k, 450k" in note
+    assert "val/ is the test split" in note
+    assert "val/ read as the test split" in IMAGENET.description
+
+
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_the_imagenet_cells_show_table_2s_10_crop_errors(scale: Scale) -> None:
+    assert paper_numbers(IMAGENET, scale) == pytest.approx(
+        {"plain18": 0.2794, "plain34": 0.2854, "resnet18": 0.2788, "resnet34": 0.2503}
+    )
+    assert "10-crop" in IMAGENET.note
+    assert "not a target" in IMAGENET.note
+
+
+def test_the_imagenet_preset_refuses_a_dataset_other_than_an_image_folder() -> None:
+    with pytest.raises(InvalidError) as refused:
+        IMAGENET.plan(dataset={"name": "cifar10"}, scale="paper", seeds=1)
+    assert refused.value.field == ("body", "dataset", "name")
+    assert "trains on imagefolder, not 'cifar10'" in refused.value.message

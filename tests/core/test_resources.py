@@ -12,7 +12,7 @@ from core import resources
 from core.kinds import EvaluateJobSpec, TrainJobSpec
 from core.resources import ResourcesSpec
 from core.studies import presets
-from tests.core.test_presets import DATASETS, cell_payloads
+from tests.core.test_presets import cell_payloads, datasets_for
 
 DIGITS = {"model": {"name": "resnet20"}, "dataset": {"name": "digits"}}
 
@@ -56,7 +56,7 @@ def test_every_preset_is_admitted_and_its_quick_scale_runs_on_a_cpu_worker(
     scale: presets.Scale,
 ) -> None:
     for preset in presets.PRESETS.values():
-        for dataset in DATASETS[scale]:
+        for dataset in datasets_for(preset, scale):
             for payload in cell_payloads(preset, scale, dataset):
                 spec = TrainJobSpec.model_validate(payload)
                 if scale == "quick":
