@@ -86,7 +86,7 @@ def convert_file(
 ) -> weights.Imported:
     """Read, map and check a received file (CPU work: seconds for a ResNet-50)."""
     try:
-        ModelSpec(name=request.architecture, options=request.options)
+        models.resolve(request.architecture, **request.options)  # the zoo's message
         read = weights.read(path, request.format)
         return weights.convert(
             read,

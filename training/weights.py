@@ -283,6 +283,20 @@ def enum_preprocessing(weights: WeightsEnum) -> Preprocessing:
     )
 
 
+def declared_preprocessing(
+    default: Preprocessing, overrides: Mapping[str, Any] | None
+) -> Preprocessing:
+    """`default` with the fields of `overrides` (crop, resize, interpolation, mean, std) in
+    its place; a crop may be one size (square) or [height, width]."""
+    record = default.to_record() | dict(overrides or {})
+    if isinstance(record["crop"], int):
+        record["crop"] = [record["crop"], record["crop"]]
+    try:
+        return Preprocessing.from_record(record)
+    except (KeyError, TypeError, ValueError) as error:
+        raise WeightsError(f"preprocessing: {error}") from None
+
+
 @dataclass(frozen=True)
 class Imported:
     """Converted weights: the checkpoint to store, and what the import found."""
@@ -298,12 +312,13 @@ def convert(
     architecture: str,
     options: dict[str, Any],
     classes: tuple[str, ...] | None,
-    preprocessing: Preprocessing | None,
+    preprocessing: Mapping[str, Any] | None,
     file_name: str,
     source_sha256: str,
 ) -> Imported:
     """Load the weights into the zoo's net, check them against torchvision's own net where
-    it has one, and make the service's checkpoint of them."""
+    it has one, and make the service's checkpoint of them (`preprocessing`: the fields that
+    differ from the default's)."""
     names = classes or default_classes(architecture, weights.state)
     net = load_into(architecture, weights.state, len(names), options)
     difference: float | None = None
@@ -314,7 +329,9 @@ def convert(
                 f"{architecture} with these weights differs from torchvision's by {difference:.3g} "
                 f"(over {TOLERANCE:g}); the file is not a torchvision {architecture}"
             )
-    declared = preprocessing or default_preprocessing(architecture, weights.format)
+    declared = declared_preprocessing(
+        default_preprocessing(architecture, weights.format), preprocessing
+    )
     info = DatasetInfo(
         f"imported:{file_name}",
         names,
