@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
 DEFAULT_TIMEOUT_S = 30.0
+IMPORT_TIMEOUT_S = 600.0  # an import sends the file, then converts and checks it
 RECONNECTS = 5  # a dropped event stream is resumed this many times in a row (Last-Event-ID)
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a job's, once it is over
 STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job ended
@@ -425,6 +427,37 @@ class Client:
         version (the model is made on first use)."""
         body = {"job": str(job_id), "checkpoint": checkpoint}
         return cast(Version, self._json("POST", f"/registry/{name}/versions", json=body))
+
+    def import_weights(
+        self,
+        name: str,
+        file: str | Path | None = None,
+        *,
+        architecture: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        classes: Sequence[str] | None = None,
+        preprocessing: Mapping[str, Any] | None = None,
+        format: str = "auto",
+        weights: str | None = None,
+        timeout: float = IMPORT_TIMEOUT_S,
+    ) -> Version:
+        """Import a weights file (a torchvision `.pth`, an akamaster `.th`, safetensors) as
+        `name`'s next version of the zoo's `architecture`; or, where the service allows
+        downloads, torchvision's `weights` by name (ResNet50_Weights.IMAGENET1K_V2)."""
+        fields = {"architecture": architecture, "format": format, "weights": weights}
+        form = {key: value for key, value in fields.items() if value is not None}
+        for key, value in (("options", options), ("classes", classes)):
+            if value is not None:
+                form[key] = json.dumps(value if key == "options" else list(value))
+        if preprocessing is not None:
+            form["preprocessing"] = json.dumps(dict(preprocessing))
+        path = f"/registry/{name}/versions/import"
+        if file is None:
+            return cast(Version, self._json("POST", path, data=form, timeout=timeout))
+        with Path(file).open("rb") as sent:
+            files = {"file": (Path(file).name, sent)}
+            answer = self._json("POST", path, data=form, files=files, timeout=timeout)
+        return cast(Version, answer)
 
     def registered(self, name: str) -> RegisteredModel:
         """A registered model with its versions and aliases."""

@@ -217,6 +217,18 @@ class Preset(TypedDict):
     recipe: dict[str, str]
 
 
+class Imported(TypedDict):
+    """What an imported version was made from, and how it was checked."""
+
+    format: str  # torchvision | akamaster | safetensors
+    file_name: str
+    source_sha256: str
+    architecture: str
+    keys: int
+    checked_against: str | None  # torchvision, or null
+    max_abs_diff: float | None
+
+
 class Version(TypedDict):
     version: int
     job_id: str
@@ -229,6 +241,7 @@ class Version(TypedDict):
     params: int | None
     owner: NotRequired[str | None]
     created_at: str
+    imported: NotRequired[Imported | None]  # imported weights: the file and its check
 
 
 class Export(TypedDict):
