@@ -1,5 +1,5 @@
-"""The client of a running service: `submit`, `jobs`, `watch`, `predict` and
-`predict-batch`, over HTTP.
+"""The client of a running service: `submit`, `jobs`, `watch`, `predict`,
+`predict-batch`, `export` and `import`, over HTTP.
 
 The service's address and API key come from --url / --key, else RESNET_URL / RESNET_KEY.
 """
@@ -364,3 +364,59 @@ def export(
     )
     if saved is not None:
         typer.echo(f"saved {saved}")
+
+
+def import_weights(
+    file: Annotated[
+        Path | None, typer.Argument(help="A torchvision .pth, an akamaster .th or safetensors.")
+    ] = None,
+    name: Annotated[str, typer.Option(help="The registered model it becomes a version of.")] = "",
+    architecture: Annotated[
+        str | None, typer.Option(help="The zoo's net: resnet18..152, resnet20..1202.")
+    ] = None,
+    option: ModelOptions = None,
+    classes: Annotated[
+        Path | None, typer.Option(help="A file of class names, one a line (default: by net).")
+    ] = None,
+    preprocessing: Annotated[
+        str | None, typer.Option(help='JSON, e.g. {"resize": 256, "crop": 224}.')
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="auto, torchvision, akamaster or safetensors.")
+    ] = "auto",
+    weights: Annotated[
+        str | None, typer.Option(help="torchvision weights by name (the service downloads).")
+    ] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Import weights made elsewhere as the next version of a registered model: read without
+    unpickling code, loaded into the zoo's net strictly, checked against torchvision's."""
+    if not name:
+        raise typer.BadParameter("a model name is needed", param_hint="--name")
+    if (file is None) == (weights is None):
+        raise typer.BadParameter("give a FILE or --weights, one of them", param_hint="FILE")
+    if file is not None and not file.is_file():
+        raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
+    names = [line.strip() for line in classes.read_text().splitlines()] if classes else None
+    with connect(url, key) as client:
+        version = client.import_weights(
+            name,
+            file,
+            architecture=architecture,
+            options=pairs(option, "--option"),
+            classes=[line for line in names if line] if names is not None else None,
+            preprocessing=json.loads(preprocessing) if preprocessing else None,
+            format=fmt,
+            weights=weights,
+        )
+    facts: dict[str, Any] = dict(version.get("imported") or {})
+    checked = (
+        f", torchvision's outputs within {facts['max_abs_diff']:.2g}"
+        if facts.get("checked_against")
+        else ""
+    )
+    typer.echo(
+        f"{name}/{version['version']}: {version['model']} from {facts.get('file_name')} "
+        f"({facts.get('format')}, {facts.get('keys')} keys{checked}), sha256 {version['sha256']}"
+    )

@@ -1,8 +1,8 @@
 """`resnet-service`: the command line. Every command is registered here, from its module.
 
 - cli.local: `models`, `train`, `evaluate` (no service needed)
-- cli.client: `submit`, `jobs`, `edit`, `watch`, `predict`, `predict-batch`, `export` (a
-  running service, over HTTP)
+- cli.client: `submit`, `jobs`, `edit`, `watch`, `predict`, `predict-batch`, `export`,
+  `import` (a running service, over HTTP)
 - cli.study: `study presets|run|show` (the papers' experiments over seeds; a service, or --local)
 - cli.keys: `keys create|list|revoke` (the service's database)
 - cli.server: `migrate`, `worker`, `api`, `up` (running the service)
@@ -40,6 +40,7 @@ app.add_typer(keys_app, name="keys")
 app.command("predict")(client.predict)
 app.command("predict-batch")(client.predict_batch)
 app.command("export")(client.export)
+app.command("import")(client.import_weights)
 
 study_app = typer.Typer(help="Studies: the papers' experiments, or any grid, over seeds.")
 study_app.command("presets")(study.list_presets)
