@@ -14,7 +14,14 @@ from api.deps import ReadKey
 from api.errors import responses
 from api.schemas import ModelOptionOut, ModelOptionsOut, ModelOut, OptionChoice
 from core.errors import InvalidError
-from models.config import BLOCKS, SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS, UnitConfig
+from models.config import (
+    BLOCKS,
+    SHORTCUT_OPTIONS,
+    SHORTCUT_VARIANTS,
+    STRIDE_ON,
+    UNITS,
+    UnitConfig,
+)
 from models.zoo import FAMILIES, VARIANT_OPTIONS
 
 router = APIRouter(prefix="/models", tags=["models"])
@@ -60,6 +67,8 @@ DESCRIPTIONS: dict[str, str] = {
     "shortcut": "How a shortcut meets a change of dimensions (2015 Sec. 4.1); by default A for "
     "CIFAR nets of basic blocks, else B",
     "shortcut_variant": "What the shortcut does to its input (2016 Table 1)",
+    "stride_on": "Which conv of a downsampling bottleneck strides, nets of bottleneck units "
+    "only: the 3x3 as torchvision, or the first 1x1 as the 2015 paper",
     "shortcut_scale": "The shortcut's scale (constant scaling)",
     "residual_scale": "The residual branch's scale (constant scaling)",
     "gate_bias": "The gate's bias at init (gating); a negative one favours the shortcut",
@@ -84,6 +93,8 @@ LABELS: dict[str, str] = {
     "shortcut_only_gating": "shortcut-only gating (Fig. 2d)",
     "conv1x1": "1x1 conv shortcut (Fig. 2e)",
     "dropout": "dropout shortcut (Fig. 2f)",
+    "1x1": "1x1: the first 1x1 conv, as the 2015 paper (v1)",
+    "3x3": "3x3: the 3x3 conv, as torchvision (v1.5)",
 }
 
 
@@ -108,6 +119,7 @@ def options() -> list[ModelOptionOut]:
             default=unit.shortcut_variant,
             families=RESIDUAL_FAMILIES,
         ),
+        _choice("stride_on", STRIDE_ON, default=unit.stride_on),
     ]
     numbers = [_number(name, getattr(unit, name)) for name in VARIANT_OPTIONS]
     zero_init = ModelOptionOut(

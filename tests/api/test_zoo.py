@@ -6,7 +6,14 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from models.config import BLOCKS, SHORTCUT_OPTIONS, SHORTCUT_VARIANTS, UNITS, UnitConfig
+from models.config import (
+    BLOCKS,
+    SHORTCUT_OPTIONS,
+    SHORTCUT_VARIANTS,
+    STRIDE_ON,
+    UNITS,
+    UnitConfig,
+)
 from models.zoo import FAMILIES, OPTIONS, VARIANT_OPTIONS
 
 API = "/api/v1"
@@ -32,6 +39,7 @@ def test_the_families_and_options_are_those_of_models_build(client: TestClient) 
         "unit": list(UNITS),
         "shortcut": list(SHORTCUT_OPTIONS),
         "shortcut_variant": list(SHORTCUT_VARIANTS),
+        "stride_on": list(STRIDE_ON),
     }
     assert all(choice["label"] for name in choices for choice in options[name]["choices"])
 
@@ -47,6 +55,7 @@ def test_each_option_says_its_default_and_the_nets_it_applies_to(client: TestCli
         name: list(variants) for name, variants in VARIANT_OPTIONS.items()
     }
     assert options["shortcut_variant"]["default"] == unit.shortcut_variant
+    assert options["stride_on"]["default"] == unit.stride_on == "3x3"
     assert options["unit"]["default"] is None  # full_preact for preact_resnet, else original
     assert options["unit"]["families"] == list(FAMILIES)
     assert "plain" not in options["shortcut"]["families"]  # plain nets have no shortcuts
