@@ -21,7 +21,6 @@ from training.data import (
     empty_split,
 )
 from training.datasets.images import open_image
-from training.preprocess import Preprocessing
 from training.specs import DatasetSpec
 
 # Normalisation of a file-backed split is estimated from this many training images.
@@ -132,6 +131,9 @@ def split_stats(
     if isinstance(split, TensorSplit):
         return channel_stats(split.images)
     order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))
+    # Imported here: training.preprocess imports this package (its images module) first.
+    from training.preprocess import Preprocessing
+
     geometry = Preprocessing.for_decoding(size, None, channels)
     sample = []
     for index in order[:STATS_SAMPLE].tolist():

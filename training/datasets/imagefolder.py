@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,8 +34,10 @@ from training.datasets.archives import (
 from training.datasets.common import Parts, not_found, stratified_split, take
 from training.datasets.digest import cached_file_digest, file_digest, files_digest
 from training.datasets.images import GRAY_MODES, is_image_name, open_image, upright_size
-from training.preprocess import Preprocessing
 from training.specs import ImageFolderSpec
+
+if TYPE_CHECKING:
+    from training.preprocess import Preprocessing
 
 # Above this many decoded bytes a dataset is read from its files during training.
 MAX_IN_MEMORY_BYTES = 2 * 2**30
@@ -287,6 +289,9 @@ def _read_all(
     """Every split read, and the unreadable files (refused unless skipped)."""
     total = sum(len(split) for split in layout.splits().values())
     in_memory = _fits_in_memory(spec.in_memory, total, size)
+    # Imported here: training.preprocess imports this package (its images module) first.
+    from training.preprocess import Preprocessing
+
     geometry = Preprocessing.for_decoding(size, spec.resize, 3)
     reads = {name: _read(split, geometry, in_memory) for name, split in layout.splits().items()}
     bad = [item for read in reads.values() for item in read.bad]
