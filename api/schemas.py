@@ -596,6 +596,14 @@ class ImportedOut(BaseModel):
     )
 
 
+class LineageOut(BaseModel):
+    """What a version's job was fine-tuned from: a job, and the version it was registered as."""
+
+    job_id: uuid.UUID
+    model: str | None
+    version: int | None
+
+
 class VersionOut(BaseModel):
     """A registered version: its job's checkpoint and what that job reached."""
 
@@ -614,6 +622,9 @@ class VersionOut(BaseModel):
     created_at: datetime
     imported: ImportedOut | None = Field(
         None, description="Imported weights: the file and its check (null: a trained job's)."
+    )
+    fine_tuned_from: LineageOut | None = Field(
+        None, description="The job (and version) its job started from; null: not a fine-tune."
     )
 
 

@@ -22,6 +22,8 @@ from cli.train_options import (
     DatasetFields,
     DatasetName,
     Epochs,
+    Init,
+    InitFields,
     Iterations,
     ModelName,
     ModelOptions,
@@ -63,6 +65,8 @@ def submit(
     option: ModelOptions = None,
     dataset_option: DatasetFields = None,
     recipe: RecipeFields = None,
+    init: Init = None,
+    init_option: InitFields = None,
     name: Annotated[str | None, typer.Option(help="A name for the runs table.")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
     device: Annotated[
@@ -92,6 +96,8 @@ def submit(
                 options=option,
                 dataset_fields=dataset_option,
                 recipe=recipe,
+                init=init,
+                init_fields=init_option,
             ),
         }
     )

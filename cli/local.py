@@ -19,6 +19,8 @@ from cli.train_options import (
     DatasetFields,
     DatasetName,
     Epochs,
+    Init,
+    InitFields,
     Iterations,
     ModelName,
     ModelOptions,
@@ -114,6 +116,8 @@ def train(
     option: ModelOptions = None,
     dataset_option: DatasetFields = None,
     recipe: RecipeFields = None,
+    init: Init = None,
+    init_option: InitFields = None,
     spec_file: Annotated[
         Path | None, typer.Option("--spec", help="A whole train spec as JSON instead.")
     ] = None,
@@ -140,6 +144,8 @@ def train(
             options=option,
             dataset_fields=dataset_option,
             recipe=recipe,
+            init=init,
+            init_fields=init_option,
         )
     )
     spec = _spec_or_exit(payload)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -46,6 +47,15 @@ class Resolved:
             else f"job {self.ref} does not exist"
         )
         check_visible(caller, self.owner_key_id, missing)
+
+
+def fine_tuned_from(job: Job) -> dict[str, Any] | None:
+    """The job (and version) a train job was fine-tuned from, as its spec pinned it."""
+    init = job.spec.get("init") if job.kind == "train" else None
+    pinned = init.get("resolved") if isinstance(init, dict) else None
+    if not isinstance(pinned, dict) or pinned.get("job_id") is None:
+        return None
+    return {key: pinned.get(key) for key in ("job_id", "model", "version")}
 
 
 def register(

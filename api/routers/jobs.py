@@ -35,7 +35,7 @@ from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
 from core.errors import InvalidError, NotOwnedError
-from core.kinds import KINDS, JobSpec, PredictJobSpec, predict
+from core.kinds import KINDS, JobSpec, PredictJobSpec, predict, train
 from core.owners import Caller
 from core.queue import enqueue_committed
 from core.studies import service as studies
@@ -86,8 +86,12 @@ def submit(
 
 
 def _as_sent(spec: dict[str, Any]) -> dict[str, Any]:
-    """A stored spec less what its kind pinned on submission (a predict job's checkpoint)."""
-    return {key: value for key, value in spec.items() if key != "resolved"}
+    """A stored spec less what its kind pinned on submission (a predict job's checkpoint, a
+    fine-tune's)."""
+    sent = {key: value for key, value in spec.items() if key != "resolved"}
+    if isinstance(sent.get("init"), dict):
+        sent["init"] = {key: value for key, value in sent["init"].items() if key != "resolved"}
+    return sent
 
 
 def _check_source(session: Session, spec: JobSpec, caller: Caller) -> None:
@@ -95,6 +99,9 @@ def _check_source(session: Session, spec: JobSpec, caller: Caller) -> None:
     a prediction, the model and the uploaded dataset it names."""
     if isinstance(spec, PredictJobSpec):
         predict.check_access(session, spec, caller)
+        return
+    if isinstance(spec, train.TrainJobSpec):
+        train.check_access(session, spec, caller)  # a fine-tune's source
         return
     source = getattr(spec, "source_job", None)
     if not isinstance(source, uuid.UUID):

@@ -199,6 +199,7 @@ def _version_out(version: ModelVersion, job: Job) -> VersionOut:
             "params": job.params,
             "owner": version.owner_key_id,
             "created_at": version.created_at,
+            "fine_tuned_from": model_registry.fine_tuned_from(job),
             "imported": job.summary if job.kind == "import" else None,
         }
     )

@@ -1,22 +1,30 @@
-"""The train kind: train a net of the zoo on a dataset with a recipe, in the job's folder."""
+"""The train kind: train a net of the zoo on a dataset with a recipe, in the job's folder.
+
+A fine-tune is a train job with an `init`: its model reference is resolved on submission
+and the checkpoint it names pinned in the stored spec (`init.resolved`), as a predict job's;
+the worker fetches that checkpoint (verified by its sha256) and trains from it.
+"""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
 import models
-from core import admission, artifacts, resources
-from core.errors import InvalidError
+from core import admission, artifacts, model_registry, resources
+from core.db.tables import Job
+from core.errors import ConflictError, InvalidError, NotFoundError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
 from core.settings import Settings, get_settings
-from training import runs
+from training import finetune, runs
 from training.data import LoadedDataset
 from training.recipe import total_iterations
-from training.specs import TrainSpec
+from training.specs import ModelSpec, PinnedInit, TrainSpec
 
 
 class TrainJobSpec(TrainSpec):
@@ -46,22 +54,80 @@ def training_spec(stored: dict[str, Any]) -> TrainSpec:
     return TrainSpec.model_validate({key: value for key, value in stored.items() if key in fields})
 
 
-def record(_session: Session, spec: TrainJobSpec) -> RowFacts:
-    """The net's name, family and depth, and the dataset."""
+INIT_FIELD = ("body", "init", "source")
+
+
+def resolve_init(session: Session, ref: str, caller: Caller = ANYONE) -> model_registry.Resolved:
+    """What a fine-tune's `init.source` names if the caller may read it; else a 422."""
+    try:
+        target = model_registry.resolve(session=session, ref=ref)
+        target.check_visible(caller)
+    except (NotFoundError, ConflictError, InvalidError) as error:
+        raise InvalidError(f"init.source {ref!r}: {error.message}", field=INIT_FIELD) from None
+    return target
+
+
+def check_access(session: Session, spec: TrainJobSpec, caller: Caller) -> None:
+    """A 422 unless the caller may read the checkpoint a fine-tune starts from."""
+    if spec.init is not None:
+        resolve_init(session, spec.init.source, caller)
+
+
+def record(session: Session, spec: TrainJobSpec) -> RowFacts:
+    """The net's name, family and depth, and the dataset; a fine-tune's source job, its
+    checkpoint pinned in the spec."""
     name = spec.model.name
     return RowFacts(
         dataset_name=spec.dataset.name,
         model_name=name,
         model_family=models.parse_name(name).family,
         depth=models.resolve(name, **spec.model.options).depth,
+        source_job_id=_pin_init(session, spec),
     )
+
+
+def _pin_init(session: Session, spec: TrainJobSpec) -> uuid.UUID | None:
+    """Pin the checkpoint `init.source` names now (moving an alias later changes nothing);
+    the source job's id. A 422 when the net is not the source's."""
+    if spec.init is None:
+        return None
+    target = resolve_init(session, spec.init.source)
+    source = session.get(Job, target.job_id)
+    if source is None:
+        raise InvalidError(f"init.source {spec.init.source!r}: its job is gone", field=INIT_FIELD)
+    net = _net_of(source)
+    if net is not None:
+        try:
+            finetune.check_model(spec.model, net, f"init.source {spec.init.source!r}")
+        except ValueError as error:
+            raise InvalidError(str(error), field=("body", "model")) from None
+    pinned = PinnedInit(
+        job_id=target.job_id,
+        model=target.model,
+        version=target.version,
+        step=target.step,
+        sha256=target.sha256,
+        path=target.path,
+    )
+    # The stored spec holds what runs.
+    object.__setattr__(spec.init, "resolved", pinned)
+    return target.job_id
+
+
+def _net_of(job: Job) -> ModelSpec | None:
+    """The net a job's checkpoints hold, where its spec says (a train job's does); None
+    leaves the check to the worker, which reads the checkpoint's."""
+    try:
+        return ModelSpec.model_validate(job.spec.get("model"))
+    except ValidationError:
+        return None
 
 
 def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
     """Train in the job's folder, resuming from its latest checkpoint; returns the summary."""
     settings = context.settings
     return runs.train(
-        training_spec(spec.model_dump()),
+        _with_init_file(training_spec(spec.model_dump()), settings),
         data_root=settings.data_dir,
         out_dir=artifacts.job_dir(settings, context.job_id),
         sink=context.sink,
@@ -72,6 +138,21 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
         free_margin=settings.checkpoint_free_margin_bytes,
         nproc=processes(spec),
     )
+
+
+def _with_init_file(spec: TrainSpec, settings: Settings) -> TrainSpec:
+    """A fine-tune's spec with its pinned checkpoint as a local file (fetched from the object
+    store and verified there); only checkpoints the service wrote are ever opened."""
+    if spec.init is None:
+        return spec
+    pinned = spec.init.resolved
+    if pinned is None or pinned.path is None or pinned.sha256 is None:
+        raise InvalidError("the fine-tune's spec names no pinned checkpoint of the service")
+    if not artifacts.is_stored(settings, pinned.path):
+        raise InvalidError(f"init checkpoint {pinned.path} is not a file of the service")
+    local = artifacts.local_file(settings, pinned.path, pinned.sha256)
+    resolved = pinned.model_copy(update={"path": str(local)})
+    return spec.model_copy(update={"init": spec.init.model_copy(update={"resolved": resolved})})
 
 
 def processes(spec: TrainJobSpec) -> int:
