@@ -242,6 +242,13 @@ class Version(TypedDict):
     owner: NotRequired[str | None]
     created_at: str
     imported: NotRequired[Imported | None]  # imported weights: the file and its check
+    fine_tuned_from: NotRequired[Lineage | None]  # the job (and version) it started from
+
+
+class Lineage(TypedDict):
+    job_id: str
+    model: str | None
+    version: int | None
 
 
 class Export(TypedDict):
