@@ -22,6 +22,7 @@ import models
 from training import checkpoints, finetune
 from training.data import Batches, DatasetInfo, LoadedDataset
 from training.diagnostics import BlockProbe
+from training.environment import environment
 from training.evaluate import Evaluation, evaluate
 from training.events import EventSink
 from training.pipeline import Augmentation, make_batches, seed_of
@@ -139,6 +140,10 @@ def fit(
 
     augment = _augmentation(spec, info)
     preprocessing = preprocessing_for(spec.dataset, info)
+    record = run_record(data, device)
+    if skipped := data.provenance.skipped if data.provenance else ():
+        named = ", ".join(file for file, _ in skipped[:5])
+        sink.on_event("warning", f"{len(skipped)} unreadable images left out: {named}")
     train_batches = make_batches(
         data.train,
         info,
@@ -195,6 +200,8 @@ def fit(
         if not main:
             return
         saved = _checkpoint_state(spec, info, model, optimizer, scaler, state, window, per_epoch)
+        # What the run ran on; "data" of a checkpoint is the DatasetInfo record already.
+        saved |= {"environment": record["environment"], "provenance": record.get("data")}
         sink.on_checkpoint(
             checkpoints.save(
                 checkpoint_dir,
@@ -282,10 +289,20 @@ def fit(
         "lighting": used.lighting,
     }
     summary["channels_last"] = channels_last
+    summary |= record
     if ranks is not None:
         summary["distributed"] = ranks.describe(recipe.batch_size, _backend())
     sink.on_event("info", "stopped on request" if stopped else "finished")
     return summary
+
+
+def run_record(data: LoadedDataset, device: torch.device) -> dict[str, Any]:
+    """What a run ran on, for its summary and its checkpoints: the data's provenance
+    (digest, source, classes, split sizes, skipped files) and the environment."""
+    facts: dict[str, Any] = {"environment": environment(device)}
+    if data.provenance is not None:
+        facts["data"] = data.provenance.to_record()
+    return facts
 
 
 def _should_stop(sink: EventSink, ranks: Ranks | None, step: int, checkpointed: bool) -> bool:
