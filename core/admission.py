@@ -16,7 +16,14 @@ import models
 from core.errors import InvalidError
 from core.settings import Settings
 from training.recipe import total_iterations
-from training.specs import DatasetSpec, DigitsSpec, ImageFolderSpec, SyntheticSpec, TrainSpec
+from training.specs import (
+    DatasetSpec,
+    DigitsSpec,
+    ImageFolderSpec,
+    ModelSpec,
+    SyntheticSpec,
+    TrainSpec,
+)
 
 # channels, image size, classes, training images (before the validation hold-out).
 _FIXED: dict[str, tuple[int, int, int, int]] = {
@@ -122,22 +129,22 @@ def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> Costs:
     return found
 
 
-def check_evaluate(trained: TrainSpec, shape: DataShape, settings: Settings) -> None:
-    """`InvalidError` when evaluating the net `trained` made on data of `shape` (the
-    evaluation's images, the training's classes) needs more memory than the budget."""
+def check_evaluate(net: ModelSpec, shape: DataShape, settings: Settings) -> None:
+    """`InvalidError` when evaluating `net` on data of `shape` (the evaluation's images,
+    the net's classes) needs more memory than the budget."""
     found = models.estimate(
-        trained.model.name,
+        net.name,
         num_classes=shape.num_classes,
         in_channels=shape.channels,
         input_size=shape.image_size,
-        **trained.model.options,
+        **net.options,
     )
     # Activations as training keeps them: more than a forward pass holds, an upper bound.
     memory = EVALUATE_BATCH * found.activation_bytes + found.params * BYTES_PER_VALUE
     if memory > settings.max_train_memory_bytes:
         size = shape.image_size
         raise InvalidError(
-            f"evaluating {trained.model.name} on {size}x{size}x{shape.channels} images at "
+            f"evaluating {net.name} on {size}x{size}x{shape.channels} images at "
             f"batch {EVALUATE_BATCH} needs an estimated {_gib(memory)} of memory, over "
             f"MAX_TRAIN_MEMORY_BYTES = {_gib(settings.max_train_memory_bytes)}; evaluate on "
             "smaller images (dataset.image_size)",

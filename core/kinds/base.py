@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from core.settings import Settings
 from training.events import EventSink
+from training.specs import ModelSpec
 
 
 class KindSpec(Protocol):
@@ -74,6 +75,9 @@ class JobKind(Generic[S]):
     spec: type[S]
     record: Callable[[Session, S], RowFacts]
     run: Callable[[S, RunContext], dict[str, Any]]
+    # The net a succeeded job's checkpoints hold, from its stored spec: its zoo spec and the
+    # classes it answers (what a prediction with it costs). None: they hold no net to serve.
+    net: Callable[[dict[str, Any]], tuple[ModelSpec, int]] | None = None
 
 
 KINDS: dict[str, JobKind[Any]] = {}

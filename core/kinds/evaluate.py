@@ -15,8 +15,7 @@ from core import admission, artifacts, resources
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
-from core.kinds.base import JobKind, RowFacts, RunContext
-from core.kinds.train import training_spec
+from core.kinds.base import KINDS, JobKind, RowFacts, RunContext
 from core.resources import ResourcesSpec
 from core.settings import get_settings
 from training.evaluate import Evaluation
@@ -74,11 +73,12 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
 def facts_of(source: Job, dataset: DatasetSpec) -> RowFacts:
     """The row facts of a job that runs `source`'s net over `dataset`, once that net is
     checked to fit the memory budget on the dataset's images."""
-    trained = training_spec(source.spec)
-    evaluated = admission.shape_of(dataset)
-    classes = admission.shape_of(trained.dataset).num_classes
-    shape = dataclasses.replace(evaluated, num_classes=classes)
-    admission.check_evaluate(trained, shape, get_settings())
+    made = KINDS[source.kind].net
+    if made is None:
+        raise InvalidError(f"job {source.id} is a {source.kind} job: it holds no net to run")
+    net, classes = made(source.spec)
+    shape = dataclasses.replace(admission.shape_of(dataset), num_classes=classes)
+    admission.check_evaluate(net, shape, get_settings())
     return RowFacts(
         dataset_name=dataset.name,
         model_name=source.model_name,

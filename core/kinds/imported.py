@@ -41,6 +41,12 @@ def record(_session: Session, _spec: ImportJobSpec) -> RowFacts:
     )
 
 
+def net_of(stored: dict[str, Any]) -> tuple[ModelSpec, int]:
+    """The net the import's checkpoint holds, and its classes."""
+    spec = ImportJobSpec.model_validate(stored)
+    return spec.model, spec.classes
+
+
 def run(_spec: ImportJobSpec, context: RunContext) -> dict[str, Any]:
     """Refused: nothing is left to run (the import succeeded in its request)."""
     raise InvalidError(f"job {context.job_id} is an import: it has nothing to run")
@@ -52,4 +58,5 @@ KIND = JobKind(
     spec=ImportJobSpec,
     record=record,
     run=run,
+    net=net_of,
 )

@@ -73,6 +73,12 @@ def check_access(session: Session, spec: TrainJobSpec, caller: Caller) -> None:
         resolve_init(session, spec.init.source, caller)
 
 
+def net_of(stored: dict[str, Any]) -> tuple[ModelSpec, int]:
+    """The net a train job's checkpoints hold, and its classes (its dataset's)."""
+    trained = training_spec(stored)
+    return trained.model, admission.shape_of(trained.dataset).num_classes
+
+
 def record(session: Session, spec: TrainJobSpec) -> RowFacts:
     """The net's name, family and depth, and the dataset; a fine-tune's source job, its
     checkpoint pinned in the spec."""
@@ -185,4 +191,5 @@ KIND = JobKind(
     spec=TrainJobSpec,
     record=record,
     run=run,
+    net=net_of,
 )

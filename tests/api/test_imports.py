@@ -265,3 +265,17 @@ def test_bad_fields_are_named(
     status, body = imported(client, "bad-fields", resnet18_file, **fields)
     assert status == 422, body
     assert words in json.dumps(body["error"])
+
+
+def test_an_imported_version_takes_batch_predictions(client: TestClient, tmp_path: Path) -> None:
+    torch.manual_seed(7)
+    path = tmp_path / "batch.safetensors"
+    save_file(models.build("resnet20", num_classes=10).state_dict(), path)
+    status, version = imported(client, "batch-net", path, architecture="resnet20")
+    assert status == 201, version
+    spec = {"kind": "predict", "model": "batch-net", "dataset": {"name": "synthetic"}}
+    answer = client.post("/api/v1/jobs", json=spec)
+    assert answer.status_code == 202, answer.text
+    job = answer.json()
+    assert (job["model"], job["source_job"]) == ("resnet20", version["job_id"])
+    assert job["spec"]["resolved"]["sha256"] == version["sha256"]
