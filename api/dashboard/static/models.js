@@ -1,5 +1,5 @@
 // Models: the registry (GET /registry), each model with its versions and aliases,
-// and a link to predict with each.
+// a link to predict with each, and (for keys that may train) an import of weights.
 
 import { API, ApiError, api, save } from "./api.js";
 import { h, notice, number, percent, shortId, when } from "./ui.js";
@@ -66,7 +66,74 @@ export async function render(view, ctx) {
     }
     throw error;
   }
-  view.append(h("div.card.row", {}, h("label", {}, "name", filter)), cards, more);
+  view.append(h("div.card.row", {}, h("label", {}, "name", filter)));
+  if (ctx.can("train")) view.append(importForm());
+  view.append(cards, more);
+}
+
+const ARCHITECTURES = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet20"];
+
+/** Weights made elsewhere (torchvision .pth, akamaster .th, safetensors) as a new version. */
+function importForm() {
+  const status = h("span.muted", { dataset: { role: "import-status" } });
+  const form = h(
+    "form.card.row",
+    {
+      id: "import-form",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        const sent = new FormData(form);
+        const name = String(sent.get("name")).trim();
+        sent.delete("name");
+        status.textContent = "importing…";
+        try {
+          const made = await api(`/registry/${encodeURIComponent(name)}/versions/import`, {
+            method: "POST",
+            form: sent,
+          });
+          status.textContent = `${name}/${made.version} imported`;
+          window.dispatchEvent(new HashChangeEvent("hashchange")); // draw the page again
+        } catch (error) {
+          status.textContent = error.message;
+        }
+      },
+    },
+    h("strong", {}, "Import weights"),
+    h("label", {}, "file", h("input", { type: "file", name: "file", required: true })),
+    h("label", {}, "model name", h("input", { name: "name", required: true })),
+    h(
+      "label",
+      {},
+      "architecture",
+      h("input", {
+        name: "architecture",
+        list: "architectures",
+        value: "resnet18",
+        required: true,
+      }),
+      h(
+        "datalist",
+        { id: "architectures" },
+        ARCHITECTURES.map((a) => h("option", { value: a })),
+      ),
+    ),
+    h("button", { type: "submit" }, "import"),
+    status,
+  );
+  return form;
+}
+
+/** What an imported version came from and how it was checked, in a cell. */
+function importedCell(facts) {
+  if (!facts) return "–";
+  const checked = facts.checked_against
+    ? ` · = ${facts.checked_against} (max |Δ| ${facts.max_abs_diff.toExponential(1)})`
+    : "";
+  return h(
+    "span",
+    { title: `sha256 ${facts.source_sha256}`, dataset: { role: "imported" } },
+    `${facts.file_name} (${facts.format}, ${facts.keys} keys)${checked}`,
+  );
 }
 
 function modelCard(model, ctx) {
@@ -93,6 +160,7 @@ function modelCard(model, ctx) {
       h("td", {}, v.dataset ?? "–"),
       h("td.num", {}, percent(v.test_error)),
       h("td.num", {}, number(v.params)),
+      h("td", {}, importedCell(v.imported)),
       h("td", { title: v.sha256 }, v.sha256.slice(0, 12)),
       h("td", {}, when(v.created_at)),
       h(
@@ -150,6 +218,7 @@ function modelCard(model, ctx) {
             "dataset",
             "test error",
             "params",
+            "imported from",
             "sha256",
             "registered",
             "",
