@@ -62,7 +62,8 @@ class Layout:
     model: dict[str, Any]
     grid: dict[str, list[Any]]
     recipe: dict[str, Any]
-    # Dataset fields the scale sets where the user's dataset leaves them out (image_size).
+    # Dataset fields the scale sets, together, where the user's dataset gives none of them
+    # (image_size and resize: one given alone keeps the dataset's default for the other).
     dataset: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] | None = None  # None: what the job's compute implies
 
@@ -103,8 +104,8 @@ class Preset:
         layout = self.layout(scale)
         self._check_dataset(dataset)
         data = copy.deepcopy(dataset)
-        for key, value in layout.dataset.items():
-            data.setdefault(key, copy.deepcopy(value))
+        if not set(layout.dataset) & set(data):
+            data.update(copy.deepcopy(layout.dataset))
         if scale == "quick" and data.get("train_limit") is None:
             data["train_limit"] = QUICK_TRAIN_LIMIT
         # The papers' final runs train on the whole training split (their 45k/5k split
@@ -312,9 +313,10 @@ def _imagenet_note(recipe: Mapping[str, Any], dataset: Mapping[str, Any]) -> str
             "the error plateaus, at about 30, 60 and 90 epochs; fixed milestones stand in); "
             "no warm-up.",
             _augmentation_note(recipe, dataset) + " (2015 Sec. 3.4). Trained on the whole "
-            "train/ tree; val/ is the test split, with test error after every epoch, from one "
-            f"centre {dataset['image_size']}x{dataset['image_size']} crop of each image (the "
-            "checkpoint's preprocessing), where the paper's numbers are 10-crop.",
+            "train/ tree; val/ is the test split, with test error after every epoch, from the "
+            f"centre {dataset['image_size']}x{dataset['image_size']} crop of each image "
+            f"resized to a shorter side of {dataset['resize']} (the checkpoint's "
+            "preprocessing), where the paper's numbers are 10-crop.",
             "Meant for GPU workers: every cell asks for one.",
         ]
     )
@@ -482,7 +484,7 @@ PRESETS: dict[str, Preset] = {
                 "because a grid crosses every net with every option and plain nets take "
                 "none: Table 3 puts ResNet-34 with B half a point below A (24.52% against "
                 "25.03%). The quick scale trains 6,000 images of a small folder at 64x64 "
-                "pixels for 160 iterations, not 1.28M images at 224x224 for 600k: its "
+                "pixels for 200 iterations, not 1.28M images at 224x224 for 600k: its "
                 "errors are far above the papers', which are shown beside its cells as a "
                 "reference, not a target."
             ),
@@ -497,17 +499,17 @@ PRESETS: dict[str, Preset] = {
                 model={"name": "plain18"},
                 grid={"model.name": list(IMAGENET_NETS)},
                 recipe=_imagenet_recipe(),
-                dataset={"image_size": 224},
+                dataset={"image_size": 224, "resize": 256},
                 resources={"device": "gpu", "gpus": 1},
             ),
             numbers=_by_imagenet_name,
             quick_why=(
-                "Four ImageNet nets share the 20 minutes, so each cell is 160 iterations of "
-                "batch 64 on 64x64 crops. Give it a small folder of natural images (10 "
-                "classes of ImageNet, Imagenette, say): every image of the folder is read "
-                "before training, so a whole ImageNet tree is too slow for this scale. Look "
-                "for plain-34 training worse than plain-18 and the residual nets ahead of "
-                "their plain counterparts."
+                "Four ImageNet nets share the 20 minutes, so each cell is 200 iterations of "
+                "batch 32 on 64x64 crops, tested once, at the end. Give it a small folder of "
+                "natural images (10 classes of ImageNet, Imagenette, say): every image of "
+                "the folder is read before training, so a whole ImageNet tree is too slow "
+                "for this scale. Look for plain-34 ending worse than plain-18 and each "
+                "residual net's test error below its plain counterpart's."
             ),
             datasets=("imagefolder",),
         ),

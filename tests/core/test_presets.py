@@ -300,6 +300,12 @@ def test_the_imagenet_quick_scale_is_admitted_as_cpu_jobs_on_small_photos() -> N
         dataset={"name": "imagefolder", "path": "p", "image_size": 96}, scale="quick", seeds=1
     )
     assert given.base["dataset"]["image_size"] == 96  # the user's fields are kept
+    sized = IMAGENET.plan(
+        dataset={"name": "imagefolder", "path": "p", "image_size": 320}, scale="paper", seeds=1
+    )
+    # A size of one's own keeps the dataset's default resize, which a crop of 320 fits.
+    assert "resize" not in sized.base["dataset"]
+    TrainJobSpec.model_validate(cell_payloads(IMAGENET, "paper", sized.base["dataset"])[0])
 
 
 def test_three_seeds_of_the_imagenet_quick_scale_take_about_20_minutes_on_the_cpu() -> None:
@@ -315,6 +321,7 @@ def test_the_imagenet_paper_scale_is_the_papers_recipe_on_gpu_workers() -> None:
         "name": "imagefolder",
         "path": "imagenet",
         "image_size": 224,
+        "resize": 256,
         "validation": 0,
     }
     recipe = plan.base["recipe"]
@@ -335,6 +342,7 @@ def test_the_imagenet_paper_scale_is_the_papers_recipe_on_gpu_workers() -> None:
     assert "600,000 iterations of batch 256" in note
     assert "150k, 300k, 450k" in note
     assert "val/ is the test split" in note
+    assert "224x224 crop of each image resized to a shorter side of 256" in note
     assert "val/ read as the test split" in IMAGENET.description
 
 
