@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib.metadata
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -21,21 +19,20 @@ _GIT_TIMEOUT_S = 2.0
 def environment(device: torch.device | None = None) -> dict[str, Any]:
     """The JSON-safe facts of the software and the device a run uses."""
     device = device if device is not None else torch.device("cpu")
-    # a copy, so a caller that edits its record cannot change the cached facts
-    return copy.deepcopy(
-        {**_software(), "device": {"type": device.type, **_device(device.type, device.index)}}
-    )
+    name, count = _device(device.type, device.index)
+    return {**_software(), "device": name, "device_type": device.type, "device_count": count}
 
 
 @functools.cache
-def _software() -> dict[str, Any]:
+def _software() -> dict[str, str | int | None]:
     """The versions, read once per process: they cannot change under it."""
     return {
-        "service": {"version": _service_version(), **_git()},
+        "service": _service_version(),
+        "git_commit": _git_commit(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "cuda": torch.version.cuda,
+        "torch": str(torch.__version__),  # a TorchVersion, which weights-only loads refuse
+        "torchvision": str(torchvision.__version__),
+        "cuda": None if torch.version.cuda is None else str(torch.version.cuda),
         "cudnn": _cudnn_version(),
         "os": platform.platform(),
         "host": platform.node(),
@@ -50,13 +47,13 @@ def _service_version() -> str | None:
         return None
 
 
-def _git() -> dict[str, Any]:
-    """The checkout's commit and whether its tracked files differ from it; None outside one."""
+def _git_commit() -> str | None:
+    """The checkout's commit, "+dirty" when its tracked files differ from it; None outside one."""
     commit = _git_output("rev-parse", "HEAD")
     if commit is None:
-        return {"commit": None, "dirty": None}
+        return None
     status = _git_output("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": None if status is None else status != ""}
+    return commit + "+dirty" if status else commit
 
 
 def _git_output(*args: str) -> str | None:
@@ -84,16 +81,14 @@ def _cudnn_version() -> int | None:
 
 
 @functools.cache
-def _device(kind: str, index: int | None) -> dict[str, Any]:
-    """The device's name and how many of its kind the host has."""
+def _device(kind: str, index: int | None) -> tuple[str | None, int]:
+    """The device's name and how many devices of its kind torch sees."""
     if kind == "cuda" and torch.cuda.is_available():
-        return {
-            "name": torch.cuda.get_device_name(index),
-            "count": torch.cuda.device_count(),
-        }
+        return torch.cuda.get_device_name(index), torch.cuda.device_count()
     if kind == "mps":
-        return {"name": "Apple MPS", "count": 1}
-    return {"name": _cpu_model(), "count": _cpu_count()}
+        return "Apple MPS", 1
+    # torch sees the host's CPUs as one device
+    return _cpu_model(), 1
 
 
 def _cpu_model() -> str | None:
@@ -106,10 +101,3 @@ def _cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
-
-
-def _cpu_count() -> int:
-    """The CPUs this process may run on (its affinity), which a container may narrow."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
