@@ -251,8 +251,9 @@ def describe(init: InitSpec, info: DatasetInfo) -> str:
     """One log line: where the weights come from and what of them trains."""
     pinned = init.resolved or PinnedInit()
     where = [f"job {pinned.job_id}"] if pinned.job_id else []
-    if pinned.model:
-        where.insert(0, f"{pinned.model}/{pinned.version}")
+    version = f"{pinned.model}/{pinned.version}"
+    if pinned.model and init.source != version:
+        where.insert(0, version)
     if pinned.step is not None:
         where.append(f"step {pinned.step}")
     origin = f"{init.source} ({', '.join(where)})" if where else init.source

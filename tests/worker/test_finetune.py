@@ -61,8 +61,9 @@ def test_a_fine_tune_of_a_registered_version_runs_and_shows_its_lineage(service:
     with session_scope(url) as session:
         base = model_registry.register(session=session, name="digits-base", job_id=base_id)
         base_sha256, base_path, base_step = base.sha256, base.path, base.step
+        model_registry.set_alias(session=session, name="digits-base", alias="prod", version=1)
 
-    tuned_id = submit(settings, _fine_tune("digits-base/1"))
+    tuned_id = submit(settings, _fine_tune("digits-base@prod"))
     tuned = wait_status(url, tuned_id, "succeeded", timeout=120)
     assert tuned.source_job_id == base_id
     pinned = tuned.spec["init"]["resolved"]
@@ -70,7 +71,8 @@ def test_a_fine_tune_of_a_registered_version_runs_and_shows_its_lineage(service:
     assert (pinned["model"], pinned["version"], pinned["step"]) == ("digits-base", 1, base_step)
     assert (pinned["sha256"], pinned["path"]) == (base_sha256, base_path)
     line = next(m for m in messages(url, tuned_id) if m.startswith("fine-tuning from"))
-    assert line.startswith(f"fine-tuning from digits-base/1 (digits-base/1, job {base_id}")
+    origin = f"digits-base@prod (digits-base/1, job {base_id}, step {base_step})"
+    assert line.startswith(f"fine-tuning from {origin}")
     assert "(head replaced: 10 -> 10 classes; frozen: stem; backbone lr x0.5;" in line
 
     # The frozen stem is the registered version's, bit for bit.
