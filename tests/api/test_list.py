@@ -195,7 +195,7 @@ def test_the_job_kinds_are_listed_and_filter_the_jobs(
     client: TestClient, seeded: list[Row]
 ) -> None:
     kinds = client.get(f"{JOBS}/kinds").json()
-    assert [kind["kind"] for kind in kinds] == ["train", "evaluate", "predict"]
+    assert [kind["kind"] for kind in kinds] == ["train", "evaluate", "predict", "import"]
     assert all(kind["description"] for kind in kinds)
     ids, _ = _all_pages(client, kind="train", limit=50)
     assert len(ids) == len(seeded)
