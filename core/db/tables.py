@@ -89,6 +89,11 @@ class Job(Base):
     model_family: Mapped[str | None] = mapped_column(String(32))
     depth: Mapped[int | None] = mapped_column(Integer)
     dataset_name: Mapped[str | None] = mapped_column(String(100))
+    # What the run read and ran on, written once its data is loaded (running jobs too):
+    # the data's digest ("sha256:..."), its provenance record, and `training.environment`.
+    data_digest: Mapped[str | None] = mapped_column(String(80))
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     source_job_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("job.id", ondelete="SET NULL")
     )
@@ -133,6 +138,7 @@ class Job(Base):
         Index("ix_job_created_at_id", "created_at", "id"),
         Index("ix_job_model_name", "model_name"),
         Index("ix_job_dataset_name", "dataset_name"),
+        Index("ix_job_data_digest", "data_digest"),
         Index("ix_job_study_id_cell", "study_id", "cell"),
         *_idempotent("job"),
     )

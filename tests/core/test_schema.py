@@ -99,3 +99,22 @@ def test_owners_arrive_on_a_database_of_0004(database_url: str) -> None:
 
 def _spec_of(job: Job) -> dict[str, object]:
     return {"kind": job.kind, "status": "queued", "tags": [], "spec": job.spec}
+
+
+def test_the_run_record_arrives_on_0009_and_leaves_on_its_downgrade(database_url: str) -> None:
+    config = schema._config(database_url)
+    command.downgrade(config, "0008")
+    assert "data_digest" not in {
+        c["name"] for c in inspect(get_engine(database_url)).get_columns("job")
+    }
+    schema.upgrade(database_url)
+    engine = get_engine(database_url)
+    columns = {c["name"] for c in inspect(engine).get_columns("job")}
+    assert {"data_digest", "data", "environment"} <= columns
+    indexes = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("job")}
+    assert indexes["ix_job_data_digest"] == ["data_digest"]
+    command.downgrade(config, "0008")
+    columns = {c["name"] for c in inspect(get_engine(database_url)).get_columns("job")}
+    assert not {"data_digest", "data", "environment"} & columns
+    schema.upgrade(database_url)
+    schema.check_current(database_url)
