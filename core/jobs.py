@@ -239,6 +239,20 @@ def record_checkpoint(
     )
 
 
+def record_run(
+    *,
+    session: Session,
+    job_id: uuid.UUID,
+    token: int,
+    data: dict[str, Any] | None,
+    environment: dict[str, Any],
+) -> None:
+    """Record what a running job read and runs on: its data's provenance (and digest, which
+    the job list filters by) and its environment (`training.environment`)."""
+    digest = data.get("digest") if data else None
+    _fence(session, job_id, token, data_digest=digest, data=data, environment=environment)
+
+
 def add_event(
     *, session: Session, job_id: uuid.UUID, level: str, message: str, token: int | None = None
 ) -> None:

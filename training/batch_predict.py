@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.data import DatasetInfo, FileSplit, TensorSplit
+from training.data import DatasetInfo, FileSplit, LoadedDataset, TensorSplit
 from training.datasets import load_dataset
 from training.datasets.archives import MAX_BYTES, MAX_ENTRIES
 from training.datasets.imagefolder import find_tree
@@ -74,7 +74,12 @@ class Prediction:
 
 
 def images_of(
-    dataset: DatasetSpec, predictor: Predictor, *, data_root: Path, download: bool = False
+    dataset: DatasetSpec,
+    predictor: Predictor,
+    *,
+    data_root: Path,
+    download: bool = False,
+    prepare: Callable[[LoadedDataset], None] | None = None,
 ) -> Images:
     """The images of `dataset.split`, as the predictor's checkpoint takes them: files through
     its declared preprocessing, arrays as they are (of its input size)."""
@@ -83,6 +88,8 @@ def images_of(
         # Read from the files, whatever their number: their names are the rows' keys.
         dataset = dataset.model_copy(update={"in_memory": False})
     data = load_dataset(dataset, data_root=data_root, download=download)
+    if prepare is not None:  # the service records the data read
+        prepare(data)
     split = data.split(dataset.split)
     if len(split) == 0:
         raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")

@@ -153,6 +153,7 @@ def evaluate_checkpoint(
     download: bool = False,
     sha256: str | None = None,
     view: View = "center",
+    prepare: Callable[[LoadedDataset], None] | None = None,
 ) -> Evaluation:
     """Evaluate a checkpoint on `dataset.split`, each image made input by the checkpoint's
     declared preprocessing, seen through `view` (centre crop, ten crops, multi-scale).
@@ -167,6 +168,8 @@ def evaluate_checkpoint(
     if isinstance(dataset, ImageFolderSpec):
         dataset = dataset.model_copy(update={"in_memory": False})
     data = load_dataset(dataset, data_root=data_root, download=download)
+    if prepare is not None:  # the service records the data read
+        prepare(data)
     if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
         raise ValueError(
             f"checkpoint was trained on {trained_on.name} ({trained_on.num_classes} classes, "

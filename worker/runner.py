@@ -23,6 +23,8 @@ from core.settings import Settings
 from core.storage import StoreUnavailableError, store_for
 from core.studies import service as studies
 from training.checkpoints import FencedOutError, FolderLockedError
+from training.data import LoadedDataset
+from training.environment import environment
 from worker import outcomes, resume
 from worker.limits import time_limits
 from worker.outcomes import Outcome
@@ -114,7 +116,11 @@ def run_claimed(
     def set_budget(steps: int, macs_per_step: float) -> None:
         watchdog.limits = time_limits(steps, macs_per_step, device, settings.max_job_seconds)
 
-    context = kinds.RunContext(claim.job_id, settings, device, sink, set_budget)
+    def set_data(data: LoadedDataset) -> None:
+        provenance = data.provenance.to_record() if data.provenance is not None else None
+        sink.on_run_record(provenance, environment(device))
+
+    context = kinds.RunContext(claim.job_id, settings, device, sink, set_budget, set_data)
     summary = kind.run(kind.spec.model_validate(spec_json), context)
     if summary.get("stopped") and watchdog.handing_back and not watchdog.cancelled.is_set():
         return Outcome(HANDED_BACK, summary)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -160,6 +160,19 @@ class DatabaseSink:
                 # The replaced best lives on in its step file until the engine prunes it.
                 self._record(dataclasses.replace(previous, is_best=False))
         self._record(info)
+
+    def on_run_record(self, data: dict[str, Any] | None, environment: dict[str, Any]) -> None:
+        """Write the data's provenance and the environment to the job's row (fenced)."""
+        self._check_lease()
+        self._write(
+            lambda session: jobs.record_run(
+                session=session,
+                job_id=self.claim.job_id,
+                token=self.claim.token,
+                data=data,
+                environment=environment,
+            )
+        )
 
     def on_progress(self, step: int, total: int) -> None:
         self._check_lease()

@@ -16,6 +16,7 @@ import torch
 from sqlalchemy.orm import Session
 
 from core.settings import Settings
+from training.data import LoadedDataset
 from training.events import EventSink
 from training.specs import ModelSpec
 
@@ -59,6 +60,9 @@ class RunContext:
     sink: EventSink
     # Steps and multiply-accumulates per step, once known: the worker's time limits.
     set_budget: Callable[[int, float], None]
+    # The dataset the run read, once loaded: the worker records its provenance (digest,
+    # classes, splits) and the environment on the job's row, while the job runs.
+    set_data: Callable[[LoadedDataset], None] = lambda data: None
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
         download=settings.allow_downloads,
         sha256=row.sha256,
         view=spec.view,
+        prepare=context.set_data,
     )
     sink.on_metrics(row.step, float(row.epoch), metrics(result, split))
     test_error = result.error if split == "test" else None

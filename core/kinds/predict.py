@@ -147,7 +147,11 @@ def run(spec: PredictJobSpec, context: RunContext) -> dict[str, Any]:
     path = artifacts.local_file(settings, pinned.path, pinned.sha256)  # fetched from a bucket
     predictor = Predictor(path, sha256=pinned.sha256, device=context.device, fold=True)
     images = images_of(
-        spec.dataset, predictor, data_root=settings.data_dir, download=settings.allow_downloads
+        spec.dataset,
+        predictor,
+        data_root=settings.data_dir,
+        download=settings.allow_downloads,
+        prepare=context.set_data,
     )
     context.set_budget(len(images), _macs_per_image(predictor))
     split = spec.dataset.split

@@ -140,10 +140,16 @@ def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
         device=context.device,
         download=settings.allow_downloads,
         resume=True,
-        prepare=lambda data: context.set_budget(*budget(spec, data, settings)),
+        prepare=lambda data: _prepare(spec, data, context),
         free_margin=settings.checkpoint_free_margin_bytes,
         nproc=processes(spec),
     )
+
+
+def _prepare(spec: TrainJobSpec, data: LoadedDataset, context: RunContext) -> None:
+    """Before training: the worker's time limits, and the row's record of the data."""
+    context.set_budget(*budget(spec, data, context.settings))
+    context.set_data(data)
 
 
 def _with_init_file(spec: TrainSpec, settings: Settings) -> TrainSpec:
