@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ import models
 from api.app import create_app
 from core.settings import Settings
 from tests import images
-from tests.api.helpers import make_key
+from tests.api.helpers import make_key, run_job
 from tests.training.test_weights import Payload, akamaster_file, seeded_torchvision
 from training import weights
+from training.events import RecordingSink
 
 PREDICT = "/api/v1/predict"
 
@@ -279,3 +281,36 @@ def test_an_imported_version_takes_batch_predictions(client: TestClient, tmp_pat
     job = answer.json()
     assert (job["model"], job["source_job"]) == ("resnet20", version["job_id"])
     assert job["spec"]["resolved"]["sha256"] == version["sha256"]
+
+
+def test_an_imported_version_is_fine_tuned_by_a_train_job(
+    client: TestClient, settings: Settings, tmp_path: Path
+) -> None:
+    torch.manual_seed(11)
+    path = tmp_path / "pre.safetensors"
+    pretrained = models.build("resnet8", num_classes=10)
+    save_file(pretrained.state_dict(), path)
+    status, version = imported(client, "pre", path, architecture="resnet8")
+    assert status == 201, version
+    spec = {
+        "kind": "train",
+        "model": {"name": "resnet8"},
+        "dataset": {"name": "synthetic", "num_classes": 4, "image_size": 32, "train_size": 64},
+        "recipe": {"iterations": 2, "batch_size": 32},
+        "init": {"source": "pre", "freeze": ["stem"]},
+    }
+    answer = client.post("/api/v1/jobs", json=spec)
+    assert answer.status_code == 202, answer.text
+    job = answer.json()
+    assert job["spec"]["init"]["resolved"]["job_id"] == version["job_id"]
+    summary = run_job(settings, uuid.UUID(job["id"]), RecordingSink())
+    assert summary["steps"] == 2
+    trained = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert trained["status"] == "succeeded"
+    # The stem came from the imported weights and stayed: the fine-tune's checkpoint has it.
+    saved = torch.load(
+        next(Path(settings.artifact_dir).glob(f"jobs/{job['id']}/checkpoints/best.pt")),
+        weights_only=True,
+    )
+    assert torch.equal(saved["model"]["conv1.weight"], pretrained.state_dict()["conv1.weight"])
+    assert saved["model"]["fc.weight"].shape[0] == 4  # a new head for four classes
