@@ -74,7 +74,7 @@ def list_jobs(
     if not documents:
         # The runs table reads the spec (a job's queue and needs), never the whole summary;
         # a deferred spec would cost each row a query of its own.
-        query = query.options(defer(Job.summary))
+        query = query.options(defer(Job.summary), defer(Job.data), defer(Job.environment))
     query = query.where(*_conditions(filters, dialect))
     if cursor is not None:
         value, after_id = decode_cursor(cursor, key)

@@ -93,6 +93,11 @@ class JobItem(BaseModel):
     family: str | None
     depth: int | None
     dataset: str | None
+    data_digest: str | None = Field(
+        None,
+        description="The digest of the data it read (sha256:<64 hex>), once its worker "
+        "loaded it; the list's `filter=data_digest=...` finds every job of one.",
+    )
     source_job: uuid.UUID | None
     study: uuid.UUID | None = Field(None, description="The study the job is a cell of.")
     cell: int | None = Field(None, description="Its cell in the study's grid.")
@@ -130,6 +135,15 @@ class JobOut(JobItem):
 
     spec: dict[str, Any]
     summary: dict[str, Any] | None
+    data: dict[str, Any] | None = Field(
+        None,
+        description="The data it read: digest, source, classes, split sizes, skipped files.",
+    )
+    environment: dict[str, Any] | None = Field(
+        None,
+        description="What it ran on: service version and commit, Python, torch, torchvision, "
+        "CUDA, cuDNN, device.",
+    )
     updated_at: datetime
 
     @classmethod
@@ -137,6 +151,7 @@ class JobOut(JobItem):
         """The full view of a job row."""
         fields = _job_fields(job)
         fields.update(spec=job.spec, summary=job.summary, updated_at=job.updated_at)
+        fields.update(data=job.data, environment=job.environment)
         return cls.model_validate(fields)
 
 
@@ -156,6 +171,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "model": job.model_name,
         "family": job.model_family,
         "dataset": job.dataset_name,
+        "data_digest": job.data_digest,
         "source_job": job.source_job_id,
         "study": job.study_id,
         "cell": job.cell,
@@ -233,7 +249,8 @@ class JobSearch(BaseModel):
         max_length=20,
         description="`path op value`, all must hold: best_test_error<0.08, "
         "model.options.unit=full_preact, recipe.lr>=0.1, summary.best_train_error<0.05, "
-        "dataset.name~cifar, created_at>=2026-11-01. Ops: = != < <= > >= ~ (contains).",
+        "dataset.name~cifar, created_at>=2026-11-01, data_digest=3f2a9c01 (the whole "
+        "sha256:<hex> digest, or its first 8+ hex digits). Ops: = != < <= > >= ~ (contains).",
     )
     sort: str = Field(
         "-created",

@@ -3,6 +3,11 @@ summary columns, its times, and any path in its spec or summary (JSON).
 
     best_test_error<0.08    model.options.unit=full_preact    recipe.lr>=0.1
     summary.best_train_error<0.05    dataset.name~cifar    created_at>=2026-11-01
+    data_digest=sha256:3f2a...    data_digest=3f2a9c01
+
+`data_digest` is the digest of the data a job read (its row's column, set once its data is
+loaded): `=` or `!=` with the whole `sha256:<64 hex>`, the hex alone, or its first 8 or
+more hex digits (a prefix match).
 
 A bare path is in the spec (`spec.` may prefix it); `summary.` reads the summary JSON.
 Comparisons are typed: a number compares with numbers only, a string with strings, and
@@ -41,6 +46,11 @@ TIME_COLUMNS: dict[str, InstrumentedAttribute[Any]] = {
     "started_at": Job.started_at,
     "finished_at": Job.finished_at,
 }
+# The digest of the data a job read ("sha256:<64 hex>"): matched whole, or by its start.
+TEXT_COLUMNS: dict[str, InstrumentedAttribute[Any]] = {"data_digest": Job.data_digest}
+DIGEST_PREFIX = "sha256:"
+MIN_DIGEST_HEX = 8  # the shortest start of a digest a filter may give
+_DIGEST = re.compile(rf"[0-9a-f]{{{MIN_DIGEST_HEX},64}}")
 DOCUMENTS: dict[str, InstrumentedAttribute[Any]] = {"spec": Job.spec, "summary": Job.summary}
 SORT_ALIASES = {"created": "created_at", "finished": "finished_at"}
 OPS = ("=", "!=", "<", "<=", ">", ">=", "~")
@@ -52,7 +62,7 @@ _SEGMENT = re.compile(r"[a-z0-9_]+")
 _NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 SYNTAX = (
     "a filter is `path op value`: path is dotted lowercase names (best_test_error, "
-    "model.options.unit, recipe.lr, summary.best_train_error, created_at), op one of "
+    "model.options.unit, recipe.lr, summary.best_train_error, created_at, data_digest), op one of "
     f"{' '.join(OPS)}, e.g. best_test_error<0.08"
 )
 SORTS = (
@@ -118,7 +128,7 @@ def parse_field(name: str) -> Field:
         raise ValueError(f"{name!r}: a path is dotted lowercase names [a-z0-9_]")
     if len(segments) > MAX_DEPTH:
         raise ValueError(f"{name!r}: a path is at most {MAX_DEPTH} names deep")
-    if len(segments) == 1 and name in NUMBER_COLUMNS | TIME_COLUMNS:
+    if len(segments) == 1 and name in NUMBER_COLUMNS | TIME_COLUMNS | TEXT_COLUMNS:
         return Field(name, column=name)
     document = segments[0] if segments[0] in DOCUMENTS else "spec"
     path = tuple(segments[1:] if segments[0] in DOCUMENTS else segments)
@@ -149,6 +159,8 @@ def _typed(field: Field, op: str, raw: str) -> Value:
         raise ValueError(f"the value {raw!r} starts with an operator; quote it if it is text")
     if len(raw) > MAX_VALUE:
         raise ValueError(f"the value is longer than {MAX_VALUE} characters")
+    if field.column in TEXT_COLUMNS:
+        return _digest(field.name, op, raw)
     value = raw if op == "~" else _literal(raw)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"the number {raw} is out of range")
@@ -165,6 +177,22 @@ def _typed(field: Field, op: str, raw: str) -> Value:
     if not isinstance(value, float):
         raise ValueError(f"{field.name} is a number: compare it with one, e.g. {field.name}<0.1")
     return value
+
+
+def _digest(name: str, op: str, raw: str) -> str | None:
+    """A digest to match: `sha256:<hex>` or the hex alone, whole or its first 8+ digits."""
+    if op not in ("=", "!="):
+        raise ValueError(f"{name} is a digest: match it with = or !=")
+    text = raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] == '"' else raw
+    if text == "null":
+        return None
+    hexdigits = text.strip().lower().removeprefix(DIGEST_PREFIX)
+    if not _DIGEST.fullmatch(hexdigits):
+        raise ValueError(
+            f"{name} is {DIGEST_PREFIX}<64 hex digits>, or the hex alone, whole or its first "
+            f"{MIN_DIGEST_HEX} or more, e.g. {name}=3f2a9c01"
+        )
+    return DIGEST_PREFIX + hexdigits
 
 
 def _literal(raw: str) -> str | float | bool | None:
@@ -197,14 +225,16 @@ def parse_sort(text: str) -> SortKey:
         raise ValueError(f"sort {text!r}: {error}; {SORTS}") from None
     if field.column is None and field.document == "spec" and "." not in name:
         raise ValueError(f"sort {text!r} is not one: {SORTS}")
+    if field.column in TEXT_COLUMNS:
+        raise ValueError(f"sort {text!r}: {name} is a digest, not an order; {SORTS}")
     return SortKey(text, field, text.startswith("-"))
 
 
 def sort_expression(field: Field, dialect: str) -> ColumnElement[Any]:
     """What a sort orders by: the column, or the path's value where it is a number."""
     if field.column is not None:
-        column = NUMBER_COLUMNS.get(field.column) or TIME_COLUMNS[field.column]
-        return column.expression
+        columns = NUMBER_COLUMNS | TIME_COLUMNS | TEXT_COLUMNS
+        return columns[field.column].expression
     return _number(field, dialect)
 
 
@@ -222,6 +252,12 @@ def condition(where: Condition, dialect: str) -> ColumnElement[bool]:
 
 def _compare(field: Field, op: str, value: Value, dialect: str) -> ColumnElement[bool]:
     """field op value, typed: NULL (no match) where the field holds another type."""
+    if field.column in TEXT_COLUMNS:
+        column = TEXT_COLUMNS[field.column]
+        digest = str(value)
+        # A whole digest is an index lookup; a start of one, a prefix (LIKE 'sha256:3f2a%').
+        whole = len(digest) == len(DIGEST_PREFIX) + 64
+        return column == digest if whole else column.startswith(digest)
     if op == "=" and dialect == "postgresql" and _containable(field, value):
         return _contains(field, value)
     if field.column is not None:
