@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from sqlalchemy import select, update
 
 from core import jobs
@@ -58,6 +59,17 @@ def test_train_job_writes_everything_then_evaluate_reads_its_best_checkpoint(
     assert done.images_per_s
     assert done.summary is not None
     assert done.summary["steps"] == total
+    # What it read and ran on: on its row (the list filters by the digest) and its summary.
+    assert done.data_digest is not None
+    assert done.data_digest.startswith("sha256:")
+    assert done.data is not None
+    assert done.data["digest"] == done.summary["data"]["digest"] == done.data_digest
+    assert done.data["splits"]["train"] > 0
+    assert len(done.data["classes"]) == 10
+    assert done.environment is not None
+    assert done.environment["torch"] == torch.__version__
+    assert done.environment["device_type"] == "cpu"
+    assert done.summary["environment"]["torch"] == torch.__version__
     assert metric_steps(url, train_id, "train/loss") == list(range(LOG_EVERY, total + 1, LOG_EVERY))
     assert metric_steps(url, train_id, "test/error") == [22, 44, 66, 88]
     rows, distinct = metric_counts(url, train_id)
@@ -96,12 +108,17 @@ def test_train_job_writes_everything_then_evaluate_reads_its_best_checkpoint(
     assert len(summary["per_class_accuracy"]) == 10
     assert 0 <= summary["ece"] < 1
     assert metric_steps(url, evaluation.id, "test/error") == [best.step]
+    # The same files, split otherwise: the same digest, on the evaluation's row too.
+    assert evaluation.data_digest == done.data_digest
+    assert evaluation.environment is not None
 
 
 def test_cancel_reaches_a_running_job_and_frees_its_worker(service: Service) -> None:
     url = service.url
     long_jobs = [submit(service.settings, train_spec(epochs=1000)) for _ in range(2)]
     wait_for(lambda: all(job(url, i).step > 0 for i in long_jobs), 60, "both long jobs to run")
+    # A running job's row names its data already: a digest filter finds it while it runs.
+    assert all((job(url, i).data_digest or "").startswith("sha256:") for i in long_jobs)
     waiting = submit(service.settings, train_spec(epochs=2))
     assert job(url, waiting).status == "queued"  # both workers are busy
 
