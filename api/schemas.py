@@ -896,6 +896,16 @@ class CellResult(BaseModel):
     macs: int | None
     paper: float | None = Field(description="The papers' number for the cell (a fraction).")
     difference: float | None = Field(description="Our median of `metric` minus the papers'.")
+    data_digests: list[str] = Field(
+        default_factory=list, description="The digests of the data its jobs read."
+    )
+    environments: list[str] = Field(
+        default_factory=list, description="What its jobs ran on (software and device), each."
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Where its jobs ran on different data or environments.",
+    )
 
 
 class StudyItem(BaseModel):

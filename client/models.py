@@ -39,6 +39,7 @@ class JobItem(TypedDict):
     family: str | None
     depth: int | None
     dataset: str | None
+    data_digest: NotRequired[str | None]  # of the data it read, once its worker loaded it
     source_job: str | None
     study: NotRequired[str | None]
     cell: NotRequired[int | None]
@@ -65,6 +66,8 @@ class Job(JobItem):
 
     spec: dict[str, Any]
     summary: dict[str, Any] | None
+    data: NotRequired[dict[str, Any] | None]  # digest, source, classes, splits, skipped files
+    environment: NotRequired[dict[str, Any] | None]  # versions and device it ran on
     updated_at: str
 
 
@@ -164,6 +167,9 @@ class CellResult(TypedDict):
     macs: int | None
     paper: float | None
     difference: float | None
+    data_digests: NotRequired[list[str]]  # of the data its jobs read
+    environments: NotRequired[list[str]]  # what its jobs ran on, one line each
+    warnings: NotRequired[list[str]]  # where its jobs ran on different data or environments
 
 
 class StudyItem(TypedDict):

@@ -82,7 +82,31 @@ def _cell(
         "macs": done[0].macs if done else None,
         "paper": paper,
         "difference": ours - paper if ours is not None and paper is not None else None,
+        **ran_on(jobs),
     }
+
+
+def ran_on(jobs: list[Job]) -> dict[str, Any]:
+    """The data digests and environments of a cell's jobs (those that loaded their data),
+    and a warning where its seeds ran on different ones: they are then not one measurement."""
+    digests = sorted({job.data_digest for job in jobs if job.data_digest})
+    environments = sorted({environment_label(job.environment) for job in jobs if job.environment})
+    warnings = [
+        f"its jobs ran on {len(found)} different {what}"
+        for found, what in ((digests, "data digests"), (environments, "environments"))
+        if len(found) > 1
+    ]
+    return {"data_digests": digests, "environments": environments, "warnings": warnings}
+
+
+def environment_label(environment: dict[str, Any]) -> str:
+    """An environment in one line: the service's commit, torch, CUDA, cuDNN and the device."""
+    commit = (environment.get("git_commit") or "")[:12] or "-"
+    return (
+        f"service {environment.get('service')} ({commit}), torch {environment.get('torch')}, "
+        f"CUDA {environment.get('cuda') or '-'}, cuDNN {environment.get('cudnn') or '-'}, "
+        f"{environment.get('device')} ({environment.get('device_type')})"
+    )
 
 
 def _seed(job: Job) -> int:
@@ -168,6 +192,9 @@ def as_markdown(study: Study, results: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Errors in %, median over seeds (min-max); the papers' number is {metric}.")
+    for row in results:
+        for warning in row.get("warnings", []):
+            lines.append(f"Cell {row['cell']} ({cell_label(row['values'])}): {warning}.")
     return "\n".join(lines) + "\n"
 
 

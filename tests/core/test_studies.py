@@ -129,3 +129,30 @@ def test_the_markdown_table_shows_an_option_cell_as_key_value_pairs() -> None:
     markdown = results.as_markdown(study, [row])
     assert "| shortcut_variant=exclusive_gating gate_bias=-6 | 0/2 |" in markdown
     assert "{" not in markdown
+
+
+def test_a_cell_names_its_data_and_environments_and_warns_when_its_seeds_differ() -> None:
+    gpu = {"torch": "2.4", "device": "NVIDIA H200", "device_type": "cuda", "git_commit": "ab" * 20}
+    cpu = gpu | {"device": "AMD EPYC", "device_type": "cpu"}
+    same = [Job(data_digest="sha256:" + "a" * 64, environment=gpu) for _ in range(2)]
+    assert results.ran_on(same) == {
+        "data_digests": ["sha256:" + "a" * 64],
+        "environments": [results.environment_label(gpu)],
+        "warnings": [],
+    }
+    mixed = [*same, Job(data_digest="sha256:" + "b" * 64, environment=cpu), Job()]
+    found = results.ran_on(mixed)
+    assert len(found["data_digests"]) == len(found["environments"]) == 2
+    assert found["warnings"] == [
+        "its jobs ran on 2 different data digests",
+        "its jobs ran on 2 different environments",
+    ]
+    assert "NVIDIA H200 (cuda)" in results.environment_label(gpu)
+    study = Study(spec={"grid": {"recipe.lr": [0.1]}}, metric="final_test_error")
+    unfinished = {"median": None, "min": None, "max": None}
+    row: dict[str, Any] = {"cell": 0, "values": {"recipe.lr": 0.1}, "seeds_done": [], "jobs": 4}
+    row |= {error: unfinished for error in results.ERRORS} | {"paper": None, "difference": None}
+    row |= found
+    assert "Cell 0 (0.1): its jobs ran on 2 different data digests." in results.as_markdown(
+        study, [row]
+    )
