@@ -25,21 +25,27 @@ def split(count: int = 40) -> TensorSplit:
 
 
 def batches_of(
-    data: TensorSplit | FileSplit, augment: Augmentation, **kw: object
+    data: TensorSplit | FileSplit,
+    augment: Augmentation | bool,
+    *,
+    start: int = 0,
+    batch_size: int = 16,
+    preprocessing: Preprocessing | None = None,
 ) -> list[torch.Tensor]:
+    """Epoch 1's batches (from batch `start`), shuffled with seed 3 unless not augmenting."""
     made = make_batches(
         data,
         INFO,
-        batch_size=16,
+        batch_size=batch_size,
         device=torch.device("cpu"),
         augment=augment,
-        shuffle=True,
+        shuffle=augment is not False,
         drop_last=False,
         seed=3,
         num_workers=0,
-        **kw,  # type: ignore[arg-type]
+        preprocessing=preprocessing,
     )
-    return [x for x, _ in made.epoch(1)]
+    return [x for x, _ in made.epoch(1, start=start)]
 
 
 @pytest.mark.parametrize("recipe", ["imagenet_scale", "random_resized_crop"])
@@ -51,17 +57,7 @@ def test_resizing_recipes_in_memory_are_seeded_resumable_and_vary(
     first, again = batches_of(data, augment), batches_of(data, augment)
     assert [x.shape for x in first] == [(16, 3, 32, 32), (16, 3, 32, 32), (8, 3, 32, 32)]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
-    made = make_batches(
-        data,
-        INFO,
-        batch_size=16,
-        device=torch.device("cpu"),
-        augment=augment,
-        shuffle=True,
-        drop_last=False,
-        seed=3,
-    )
-    resumed = [x for x, _ in made.epoch(1, start=1)]
+    resumed = batches_of(data, augment, start=1)
     assert torch.equal(resumed[0], first[1])
     plain = batches_of(data, Augmentation(pad=0, flip=False))
     assert not torch.equal(first[0], plain[0])  # the crops are not the images
@@ -122,19 +118,7 @@ def test_every_recipe_makes_input_sized_images_from_photos_of_any_size(
 def test_evaluation_from_files_applies_the_declared_preprocessing(tmp_path: Path) -> None:
     files = photos(tmp_path, 5)
     preprocessing = Preprocessing.of(INFO)
-    made = make_batches(
-        files,
-        INFO,
-        batch_size=5,
-        device=torch.device("cpu"),
-        augment=False,
-        shuffle=False,
-        drop_last=False,
-        seed=0,
-        num_workers=0,
-        preprocessing=preprocessing,
-    )
-    x, _ = next(iter(made.epoch(0)))
+    (x,) = batches_of(files, False, batch_size=5, preprocessing=preprocessing)
     expected = torch.stack(
         [torch.from_numpy(preprocessing.image(Image.open(p))) for p in files.paths]
     )
