@@ -131,6 +131,10 @@ def list_jobs(
         str,
         typer.Option(help="created, finished, a summary column, summary.<key>, recipe.lr; - desc."),
     ] = "-created",
+    data_digest: Annotated[
+        str | None,
+        typer.Option(help="Only jobs that read this data: its digest, or its first 8+ hex digits."),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=200)] = 20,
     as_csv: Annotated[
         bool, typer.Option("--csv", help="Every match as CSV on stdout (no limit).")
@@ -144,7 +148,8 @@ def list_jobs(
 ) -> None:
     """The service's jobs as a table, newest first (or as CSV with --csv)."""
     search: dict[str, Any] = {"status": status or [], "model": model, "dataset": dataset}
-    search |= {"tag": tag or [], "filters": where or [], "sort": sort}
+    digest = [f"data_digest={data_digest}"] if data_digest else []
+    search |= {"tag": tag or [], "filters": [*(where or []), *digest], "sort": sort}
     with connect(url, key) as client:
         if as_csv:
             typer.echo(client.jobs_csv(columns=columns or [], **search), nl=False)
@@ -157,6 +162,7 @@ def list_jobs(
         "kind",
         "model",
         "dataset",
+        "data",
         "status",
         "step",
         "best err",
@@ -171,6 +177,7 @@ def list_jobs(
             job["kind"],
             job["model"] or "",
             job["dataset"] or "",
+            (job.get("data_digest") or "").removeprefix("sha256:")[:12],
             job["status"],
             f"{progress['step']:,}/{progress['total_steps'] or '?'}",
             percent(job["results"]["best_test_error"]),

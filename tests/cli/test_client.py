@@ -140,3 +140,20 @@ def test_keys_create_prints_a_working_key_once(
     headers = {"Authorization": f"Bearer {plaintext}"}
     assert httpx.get(f"{live_url}/api/v1/jobs", headers=headers).status_code == 200
     assert httpx.post(f"{live_url}/api/v1/jobs", json={}, headers=headers).status_code == 403
+
+
+def test_jobs_finds_the_jobs_of_a_data_digest_and_shows_its_start(
+    live_url: str, key: str, settings: Settings
+) -> None:
+    url, digest = settings.database_url, f"sha256:{uuid.uuid4().hex}{uuid.uuid4().hex}"
+    job_id, other = new_job(url, name="read the data"), new_job(url, name="read nothing")
+    token = claim(url, job_id)
+    with session_scope(url) as session:
+        data = {"digest": digest, "classes": [], "splits": {}, "skipped": []}
+        jobs.record_run(session=session, job_id=job_id, token=token, data=data, environment={})
+    args = ["jobs", "--data-digest", digest.removeprefix("sha256:")[:10], "--url", live_url]
+    result = runner.invoke(app, [*args, "--key", key])
+    assert result.exit_code == 0, result.output
+    assert str(job_id)[:8] in result.stdout
+    assert str(other)[:8] not in result.stdout
+    assert digest.removeprefix("sha256:")[:12] in result.stdout
