@@ -1,11 +1,19 @@
-"""The runs page's `path op value` filter and a run's editable note, in headless Chromium."""
+"""The runs page's `path op value` filter, a run's editable note, and a run's record of its
+data and environment, in headless Chromium."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
+import torch
 from playwright.sync_api import Page, expect
 
+from core import jobs
+from core.db.session import session_scope
+from tests.api.helpers import claim
 from tests.dashboard.helpers import Server, visit
+from training.environment import environment
 
 pytestmark = pytest.mark.slow
 
@@ -47,3 +55,40 @@ def test_a_filter_narrows_the_runs_and_a_note_persists(page: Page, server: Serve
     page.wait_for_selector("body[data-ready='1']")
     expect(page.locator("#note textarea[name=note]")).to_have_value("lr too low: compare with high")
     expect(page.locator("#note input[name=tags]")).to_have_value("keep, fig6")
+
+
+def test_a_run_shows_its_data_and_environment_and_its_digest_lists_its_runs(
+    page: Page, server: Server
+) -> None:
+    url = server.settings.database_url
+    digest = "sha256:" + "3f2a9c01" * 8
+    ids = [_submit(server, name, 0.1) for name in ("same data", "same data too", "other data")]
+    data = {
+        "digest": digest,
+        "source": "photos",
+        "classes": ["cat", "dog"],
+        "splits": {"train": 40, "val": 5, "test": 9},
+        "skipped": [{"file": "cat/broken.jpg", "error": "cannot identify image file"}],
+        "skipped_count": 1,
+    }
+    for job_id in ids[:2]:
+        token = claim(url, uuid.UUID(job_id))
+        with session_scope(url) as session:
+            jobs.record_run(
+                session=session,
+                job_id=uuid.UUID(job_id),
+                token=token,
+                data=data,
+                environment=environment(),
+            )
+    visit(page, server, f"#/runs/{ids[0]}")
+    record = page.locator("#run-record")
+    expect(record.locator("#data-digest")).to_have_text(digest)
+    expect(record.locator("#data-splits")).to_have_text("train 40 · val 5 · test 9")
+    expect(record.locator("#data-skipped")).to_contain_text("cat/broken.jpg")
+    expect(record).to_contain_text("cat, dog")
+    expect(record.locator("#environment")).to_contain_text(f"torch {torch.__version__}")
+    record.locator("#data-digest").click()
+    rows = page.locator("#runs tbody tr")
+    expect(rows).to_have_count(2)
+    assert {rows.nth(i).get_attribute("data-id") for i in range(2)} == set(ids[:2])

@@ -25,6 +25,7 @@ export async function render(view, ctx) {
   const parts = {
     header: h("div"),
     facts: h("div.card"),
+    record: h("div.card", { id: "run-record" }),
     messages: h("div"),
     charts: h("div.grid"),
     checkpoints: h("div.card"),
@@ -35,6 +36,8 @@ export async function render(view, ctx) {
     parts.header,
     parts.messages,
     parts.facts,
+    h("h2", {}, "Data and environment"),
+    parts.record,
     noteCard(job, ctx.can("train")),
     parts.charts,
     h("h2", {}, "Checkpoints"),
@@ -51,6 +54,7 @@ export async function render(view, ctx) {
     job = await api(`/jobs/${id}`, { signal: ctx.signal });
     drawHeader(parts, job, ctx, refresh);
     drawFacts(parts.facts, job);
+    drawRecord(parts.record, job);
     drawCheckpoints(
       parts.checkpoints,
       await api(`/jobs/${id}/checkpoints`, { signal: ctx.signal }),
@@ -58,6 +62,7 @@ export async function render(view, ctx) {
   };
   drawHeader(parts, job, ctx, refresh);
   drawFacts(parts.facts, job);
+  drawRecord(parts.record, job);
   drawCharts(charts, job, series);
   drawCheckpoints(parts.checkpoints, await api(`/jobs/${id}/checkpoints`, { signal: ctx.signal }));
   const lastStep = Math.max(
@@ -281,6 +286,69 @@ function drawFacts(card, job) {
     h(
       "dl.facts",
       { id: "facts" },
+      facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
+    ),
+  );
+}
+
+/** What the run read (digest, source, classes, splits, skipped files) and ran on
+ * (versions, device): the row's record, written once its data is loaded. */
+function drawRecord(card, job) {
+  const data = job.data ?? job.summary?.data;
+  const env = job.environment ?? job.summary?.environment;
+  if (!data && !env) {
+    card.replaceChildren(h("p.muted", {}, "Recorded once a worker has loaded the run's data."));
+    return;
+  }
+  const digest = job.data_digest ?? data?.digest;
+  const runsOf = `#/runs?filter=${encodeURIComponent(`data_digest=${digest}`)}`;
+  const splits = Object.entries(data?.splits ?? {}).map(([k, n]) => `${k} ${number(n)}`);
+  const skipped = data?.skipped ?? [];
+  const classes = data?.classes ?? [];
+  const facts = [
+    digest && [
+      "data digest",
+      h("a", { id: "data-digest", href: runsOf, title: "every run of this data" }, digest),
+    ],
+    data?.source && ["source", data.source],
+    classes.length && [
+      "classes",
+      `${classes.length}: ${classes.slice(0, 20).join(", ")}${classes.length > 20 ? ", …" : ""}`,
+    ],
+    splits.length && ["splits", h("span", { id: "data-splits" }, splits.join(" · "))],
+    data && [
+      "skipped files",
+      skipped.length
+        ? h(
+            "span",
+            { id: "data-skipped" },
+            `${number(data.skipped_count ?? skipped.length)}: `,
+            skipped.map((s) => `${s.file} (${s.error})`).join(", "),
+          )
+        : "none",
+    ],
+    env && [
+      "software",
+      h(
+        "span",
+        { id: "environment" },
+        [
+          `resnet-service ${env.service ?? "?"}`,
+          env.git_commit
+            ? `(${env.git_commit.slice(0, 12)}${env.git_commit.endsWith("+dirty") ? "+dirty" : ""})`
+            : "",
+          `· Python ${env.python} · torch ${env.torch} · torchvision ${env.torchvision}`,
+          `· CUDA ${env.cuda ?? "–"} · cuDNN ${env.cudnn ?? "–"}`,
+        ].join(" "),
+      ),
+    ],
+    env && ["ran on", `${env.device ?? "?"} (${env.device_type}, ${env.device_count} seen)`],
+    env?.os && ["host", `${env.host ?? ""} ${env.os}`.trim()],
+  ].filter(Boolean);
+  card.replaceChildren(
+    h(
+      "dl.facts",
+      {},
       facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]),
     ),
   );

@@ -60,6 +60,12 @@ export async function render(view, ctx) {
   const pager = h("div.pager");
   const compareButton = h("button", { id: "compare-selected", onclick: () => goCompare(ctx) });
   const fresh = ctx.params.get("new");
+  const asked = ctx.params.get("filter");
+  if (asked !== null) {
+    // A link to the runs of one thing (a run page's data digest) sets the expressions.
+    state.filters.filter = asked;
+    state.cursors = [null];
+  }
   if (fresh) view.append(notice(`Job ${fresh} submitted; it is listed below and updates live.`));
   view.append(
     h("h1", {}, "Runs"),
