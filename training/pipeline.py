@@ -273,8 +273,10 @@ def _boxed(images: Tensor, batch: Tensor) -> Tensor:
     chosen = images.index_select(0, index).float()
     rows = torch.arange(len(index), device=images.device, dtype=torch.float32)[:, None]
     boxes = torch.cat([rows, batch[1:5].T.float()], dim=1)
+    # A box is never larger than its image, which is the input's size: every crop is an
+    # enlargement, so one bilinear sample per output pixel is exact bilinear resizing.
     crops = roi_align(
-        chosen, boxes, (height, width), spatial_scale=1.0, sampling_ratio=2, aligned=True
+        chosen, boxes, (height, width), spatial_scale=1.0, sampling_ratio=1, aligned=True
     )
     crops = torch.where(batch[5].bool()[:, None, None, None], crops.flip(3), crops)
     if crops.shape[1] == 3 and bool(batch[6:9].any()):
