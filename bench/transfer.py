@@ -91,21 +91,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--backbone-lr", type=float, default=1.0, help="init.backbone_lr")
+    parser.add_argument(
+        "--pretrained", type=Path, help="A checkpoint of classes 0-4 to start from: no pre-training"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         started = time.perf_counter()
         extract(args.archive, root, args.per_class, args.test_per_class)
-        pre = {"iterations": args.pretrain_steps, "schedule": "cosine", "log_every": 100}
-        pre_sink = train(spec("source", pre), root, root / "pre")
-        pre_error = pre_sink.series("test/error")[-1][1]
-        pre_s = time.perf_counter() - started
-        print(
-            f"pre-trained {args.pretrain_steps} steps on classes 0-4: test error "
-            f"{pre_error:.4f} ({pre_s:.0f} s with extraction)"
-        )
-        best = root / "pre" / "checkpoints" / "best.pt"
+        best = args.pretrained or pretrain(root, args.pretrain_steps, started)
+        init = {"source": str(best), "backbone_lr": args.backbone_lr}
         curves: dict[str, list[list[tuple[int, float]]]] = {"fine-tuned": [], "from scratch": []}
         for seed in args.seeds:
             recipe = {
@@ -117,14 +114,26 @@ def main() -> None:
                 "eval_every": args.eval_every,
                 "log_every": 50,
             }
-            for arm, init in (("fine-tuned", {"source": str(best)}), ("from scratch", None)):
-                sink = train(spec("target", recipe, init), root, root / f"{arm}-{seed}")
+            for arm, arm_init in (("fine-tuned", init), ("from scratch", None)):
+                sink = train(spec("target", recipe, arm_init), root, root / f"{arm}-{seed}")
                 curves[arm].append(sink.series("test/error"))
                 print(
                     f"{arm} seed {seed}: final test error {curves[arm][-1][-1][1]:.4f}", flush=True
                 )
         report(curves, args, time.perf_counter() - started)
         figure(curves, args)
+
+
+def pretrain(root: Path, steps: int, started: float) -> Path:
+    """Pre-train on classes 0-4; the best checkpoint."""
+    pre = {"iterations": steps, "schedule": "cosine", "log_every": 100}
+    pre_error = train(spec("source", pre), root, root / "pre").series("test/error")[-1][1]
+    pre_s = time.perf_counter() - started
+    print(
+        f"pre-trained {steps} steps on classes 0-4: test error "
+        f"{pre_error:.4f} ({pre_s:.0f} s with extraction)"
+    )
+    return root / "pre" / "checkpoints" / "best.pt"
 
 
 def report(curves: dict[str, list[list[tuple[int, float]]]], args: Any, seconds: float) -> None:
