@@ -247,7 +247,7 @@ def files_against_step(args: argparse.Namespace, device: torch.device) -> None:
                 "300x400 JPEG, RRC 224",
                 photos,
                 Augmentation(recipe="random_resized_crop"),
-                "resnet18",
+                args.photo_model,
                 (3, PHOTO_INPUT, PHOTO_INPUT),
             ),
         ]
@@ -261,10 +261,10 @@ def files_against_step(args: argparse.Namespace, device: torch.device) -> None:
         if device.type == "cuda":
             assert isinstance(photos.train, FileSplit)
             _, decoded = gpu_decoded(photos.train.paths, args.photo_batch, device)
-            step = training_step("resnet18", (3, PHOTO_INPUT, PHOTO_INPUT), args.photo_batch,
+            step = training_step(args.photo_model, (3, PHOTO_INPUT, PHOTO_INPUT), args.photo_batch,
                                  args.steps, device)  # fmt: skip
-            print(f"{'JPEG decoded on the GPU':24} {'resnet18':9} {decoded:9,.1f} {step:9,.1f} "
-                  f"{decoded / step:9.2f}x")  # fmt: skip
+            print(f"{'JPEG decoded on the GPU':24} {args.photo_model:9} {decoded:9,.1f} "
+                  f"{step:9,.1f} {decoded / step:9.2f}x")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cifar-files", type=int, default=2048, help="32x32 PNGs for (c)")
     parser.add_argument("--photos", type=int, default=384, help="300x400 JPEGs for (c)")
     parser.add_argument("--photo-batch", type=int, default=32, help="batch of the photos' net")
+    parser.add_argument("--photo-model", default="resnet18", help="the photos' net, e.g. resnet50")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers in (c)")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps in (c)")
     parser.add_argument("--device", default="cpu", help="where (c) trains: cpu or cuda")
