@@ -174,6 +174,8 @@ def test_evaluate_button_runs_an_evaluation_that_draws_its_confusion_matrix(
     source = _submit(server, _spec("eval-source", "resnet8"))
     wait_status(server.settings.database_url, source, "succeeded", timeout=120)
     visit(page, server, f"#/runs/{source}")
+    # The button asks for the view: the ten crops of 2015 Tables 2-4.
+    page.once("dialog", lambda dialog: dialog.accept("ten_crop"))
     page.click("#actions button[data-action=evaluate]")
     page.wait_for_url("**/#/runs/*")
     expect(page.locator("h1 .status")).to_have_text("succeeded", timeout=120_000)
@@ -186,6 +188,7 @@ def test_evaluate_button_runs_an_evaluation_that_draws_its_confusion_matrix(
     [bars] = chart_data(page, "#chart-per-class")
     assert len(bars["y"]) == 10
     expect(page.locator("#chart-confusion")).to_contain_text("ECE")
+    expect(page.locator("#chart-confusion")).to_contain_text("ten_crop view")
     ece = float(page.locator("#ece").inner_text())
     assert 0 <= ece < 0.5
     screenshot(page, "evaluate")

@@ -68,7 +68,7 @@ def test_runs_page_lists_filters_sorts_and_pages(
     offered = page.locator("#filters select[name=kind] option").evaluate_all(
         "options => options.map(o => o.value).filter(v => v)"
     )
-    assert offered == kinds == ["train", "evaluate", "predict"]
+    assert offered == kinds == ["train", "evaluate", "predict", "import"]
     page.select_option("#filters select[name=kind]", "evaluate")
     expect(rows).to_have_text(["No runs match."])
     page.select_option("#filters select[name=kind]", "")
