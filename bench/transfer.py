@@ -84,14 +84,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--archive", type=Path, required=True)
     parser.add_argument("--figure", type=Path, default=Path("docs/transfer.png"))
-    parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--pretrain-steps", type=int, default=1200)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--per-class", type=int, default=100)
     parser.add_argument("--test-per-class", type=int, default=1000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--backbone-lr", type=float, default=1.0, help="init.backbone_lr")
+    parser.add_argument("--backbone-lr", type=float, default=0.1, help="init.backbone_lr")
     parser.add_argument(
         "--pretrained", type=Path, help="A checkpoint of classes 0-4 to start from: no pre-training"
     )
