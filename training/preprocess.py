@@ -14,14 +14,13 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from training.data import DatasetInfo
 from training.datasets.images import normalised
-from training.specs import DatasetSpec
+from training.specs import DatasetSpec, ImageFolderSpec
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 INTERPOLATIONS: tuple[Interpolation, ...] = get_args(Interpolation)
@@ -149,10 +148,6 @@ class Preprocessing:
             return "resize"
         return "resize+center-crop"
 
-    def batch(self, images: list[Image.Image]) -> torch.Tensor:
-        """Open images as one uint8 batch (N, C, H, W)."""
-        return torch.from_numpy(np.stack([self.image(image) for image in images]))
-
 
 def _pillow_filter(name: Interpolation) -> Image.Resampling:
     """Pillow's resampling filter of an interpolation name."""
@@ -166,7 +161,8 @@ def _pillow_filter(name: Interpolation) -> Image.Resampling:
 def preprocessing_for(dataset: DatasetSpec, info: DatasetInfo) -> Preprocessing:
     """The preprocessing a run on `dataset` declares: its input size and statistics, the
     shorter side resized to the dataset's `resize` where it has one, else to the input."""
-    return Preprocessing.of(info, resize=getattr(dataset, "resize", None))
+    resize = dataset.resize if isinstance(dataset, ImageFolderSpec) else None
+    return Preprocessing.of(info, resize=resize)
 
 
 def preprocessing_of(saved: dict[str, Any]) -> Preprocessing:

@@ -72,11 +72,6 @@ def _resized(image: Image.Image, preprocessing: Preprocessing, side: int) -> Ten
     return tensor
 
 
-def count(preprocessing: Preprocessing, view: View) -> int:
-    """How many looks a view takes at each image."""
-    return {"center": 1, "ten_crop": 10, "multi_scale": 2 * len(PAPER_SCALES)}[view]
-
-
 def pil_images(split: Split) -> Iterator[tuple[Image.Image, int]]:
     """A split's images as Pillow images with their labels: files as decoded, arrays as
     stored (at the input size: their looks are of that image)."""
