@@ -150,6 +150,14 @@ class Settings(BaseSettings):
         description="Unpacked bytes of uploads one owner (API key; with auth off, everyone "
         "as one) may keep; an upload past it is 413 until some are deleted.",
     )
+    max_artifact_bytes_per_owner: int = Field(
+        100 * 1024**3,
+        ge=0,
+        description="Bytes of job files (checkpoints, result files) and exports one owner "
+        "(API key; with auth off, everyone as one) may keep, as stored; 0: unlimited. A train "
+        "job whose keep_last checkpoints alone would not fit is refused (422); a run prunes "
+        "its own older checkpoints to fit, or fails naming the usage.",
+    )
     checkpoint_free_margin_bytes: int = Field(
         64 * 1024**2,
         ge=0,

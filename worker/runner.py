@@ -5,7 +5,9 @@ A job runs in the prefork child that took its message: claim it, start its watch
 (`core.kinds`) reporting through the fenced `DatabaseSink` (`worker.sink`), and write the
 outcome (`worker.outcomes`). A job whose worker is stopping (SIGTERM), or whose database
 stayed unreachable for its whole lease, is handed back to the queue instead: it resumes at
-once on another worker from the checkpoint it saved on the way out.
+once on another worker from the checkpoint it saved on the way out. Its checkpoints are held
+to its owner's artifact budget (`worker.sink`); once it ends, its stored bytes are measured
+onto its row (`core.usage`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import uuid
 
 import torch
 
-from core import artifacts, jobs, kinds, uploads
+from core import artifacts, jobs, kinds, uploads, usage
 from core.db.session import UNAVAILABLE, session_scope
 from core.db.tables import Job
+from core.kinds.train import training_spec
 from core.queue import enqueue_committed
 from core.settings import Settings
 from core.storage import StoreUnavailableError, store_for
@@ -31,6 +34,7 @@ from worker.outcomes import Outcome
 from worker.sink import (
     DatabaseSink,
     DatabaseUnavailableError,
+    OwnerBudget,
     StoreOutageError,
     while_leased,
     while_store_reachable,
@@ -65,7 +69,13 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         return
     watchdog = Watchdog(settings=settings, claim=claim)
     store = store_for(settings) if artifacts.uses_bucket(settings) else None
-    sink = DatabaseSink(url=settings.database_url, claim=claim, watchdog=watchdog, store=store)
+    sink = DatabaseSink(
+        url=settings.database_url,
+        claim=claim,
+        watchdog=watchdog,
+        store=store,
+        budget=owner_budget(settings, job_id),
+    )
     watchdog.start()
     try:
         outcome = run_claimed(claim, settings=settings, sink=sink, device=device)
@@ -97,7 +107,28 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
     if store is not None:
         # Its checkpoints are in the bucket: this machine's copies would only fill its disk.
         artifacts.delete_job(settings, job_id)
+    _record_usage(settings, job_id)
     _release_study(settings, job_id)
+
+
+def owner_budget(settings: Settings, job_id: uuid.UUID) -> OwnerBudget:
+    """The budget a job's checkpoints are held to: its owner's, and the size its spec
+    suggests for a checkpoint (a train job's; other kinds write none)."""
+    with session_scope(settings.database_url) as session:
+        job = session.get(Job, job_id)
+        assert job is not None, "a claimed job exists"
+        owner, kind, spec = job.owner_key_id, job.kind, job.spec
+    estimate = usage.checkpoint_estimate(training_spec(spec)) if kind == "train" else 0
+    return OwnerBudget(settings, owner, estimate)
+
+
+def _record_usage(settings: Settings, job_id: uuid.UUID) -> None:
+    """Measure the ended job's stored files (its result files too) onto its row."""
+    try:
+        with session_scope(settings.database_url) as session:
+            usage.record_job(session=session, settings=settings, job_id=job_id)
+    except Exception as error:
+        log.warning("job %s: its stored bytes are not measured: %s", job_id, error)
 
 
 def run_claimed(

@@ -11,6 +11,13 @@ worker's disk, is put to the store under `jobs/<job id>/checkpoints/<file>` befo
 names it; the objects of pruned checkpoints are deleted after their rows. A store that
 cannot be reached is retried with backoff for a lease; then `StoreOutageError` stops the
 job, which is handed back too.
+
+Under the folder's lock, before each checkpoint is written, the owner's artifact budget
+(`MAX_ARTIFACT_BYTES_PER_OWNER`, `core.usage`) must leave room for it: else the run's own
+older step checkpoints go, oldest first, beyond `keep_last` if need be, and when even
+that leaves too little the run fails with `ArtifactBudgetError` before writing anything
+(its newest checkpoint and the best stay). After each checkpoint the job's stored bytes are
+measured onto its row.
 """
 
 from __future__ import annotations
@@ -19,15 +26,18 @@ import dataclasses
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from core import artifacts, jobs
+from core import artifacts, jobs, usage
 from core.db.session import UNAVAILABLE, session_scope
+from core.settings import Settings
 from core.storage import Store, StoreError, StoreUnavailableError
 from training import checkpoints
 from training.checkpoints import CheckpointInfo, Fence
@@ -47,6 +57,20 @@ class DatabaseUnavailableError(RuntimeError):
 
 class StoreOutageError(RuntimeError):
     """The object store stayed unreachable for a whole lease."""
+
+
+class ArtifactBudgetError(RuntimeError):
+    """The owner's artifact budget leaves no room for the run's next checkpoint."""
+
+
+@dataclass(frozen=True)
+class OwnerBudget:
+    """What a run's checkpoints are measured and held against: the job's owner, the
+    settings' budget and store, and the estimated size of a checkpoint before one is seen."""
+
+    settings: Settings
+    owner: uuid.UUID | None
+    checkpoint_estimate: int
 
 
 def while_store_reachable(watchdog: Watchdog, action: Callable[[], T]) -> T:
@@ -96,10 +120,18 @@ class DatabaseSink:
     """An `EventSink` writing metrics (in batches), events and checkpoints, all fenced."""
 
     def __init__(
-        self, *, url: str, claim: jobs.Claim, watchdog: Watchdog, store: Store | None = None
+        self,
+        *,
+        url: str,
+        claim: jobs.Claim,
+        watchdog: Watchdog,
+        store: Store | None = None,
+        budget: OwnerBudget | None = None,
     ) -> None:
         self.url, self.claim, self.watchdog = url, claim, watchdog
         self.store = store  # the object store checkpoints go to; None: the local folder is it
+        self.budget = budget  # None: checkpoints are neither measured nor held to a budget
+        self.checkpoint_bytes: int | None = None  # the last checkpoint's, once one is written
         self.pending: list[jobs.Point] = []
         self.flushed_at = time.monotonic()
         self.non_finite: set[str] = set()
@@ -108,8 +140,17 @@ class DatabaseSink:
 
     def take_fence(self, directory: Path, *, wait_s: float) -> None:
         """Fence the checkpoint folder with this claim's token before resuming from it."""
-        self.fence = Fence(directory, self.claim.token, confirm=self.confirm_owner, wait_s=wait_s)
+        self.fence = Fence(
+            directory, self.claim.token, confirm=self.before_checkpoint, wait_s=wait_s
+        )
         self.fence.take()
+
+    def before_checkpoint(self) -> None:
+        """Under the folder's lock, before a checkpoint is written: confirm the lease, then
+        make room for the checkpoint within the owner's artifact budget."""
+        self.confirm_owner()
+        if self.budget is not None and self.budget.settings.max_artifact_bytes_per_owner:
+            self._make_room(self.budget)
 
     def confirm_owner(self) -> None:
         """Renew the lease and write the buffered metrics, or raise: a checkpoint may follow."""
@@ -160,6 +201,9 @@ class DatabaseSink:
                 # The replaced best lives on in its step file until the engine prunes it.
                 self._record(dataclasses.replace(previous, is_best=False))
         self._record(info)
+        self.checkpoint_bytes = info.bytes
+        if self.budget is not None:
+            self._record_usage(self.budget.settings)
 
     def on_run_record(self, data: dict[str, Any] | None, environment: dict[str, Any]) -> None:
         """Write the data's provenance and the environment to the job's row (fenced)."""
@@ -257,6 +301,82 @@ class DatabaseSink:
                     "job %s: pruned %s stays in the store: %s", self.claim.job_id, key, error
                 )
 
+    def _make_room(self, budget: OwnerBudget) -> None:
+        """Prune the run's own older step checkpoints, oldest first, until the next one fits
+        in what the owner's other files leave; `ArtifactBudgetError` (nothing pruned) when
+        even the newest alone leaves too little."""
+        settings, job_id = budget.settings, self.claim.job_id
+        assert self.fence is not None
+        directory = self.fence.directory
+        size = self.checkpoint_bytes or budget.checkpoint_estimate
+        # The step file, and best.pt beside it when there is none yet (a first is the best).
+        needed = size if (directory / checkpoints.BEST).is_file() else 2 * size
+        others = self._write(
+            lambda session: usage.of_owner(
+                session=session, settings=settings, owner=budget.owner, except_job=job_id
+            )
+        )
+        own = self._measure(settings)
+        room = others.limit - others.bytes
+        if own + needed <= room:
+            return
+        older = [(path, self._freed_by(path)) for path in step_files(directory)[:-1]]
+        if own - sum(freed for _, freed in older) + needed > room:
+            kept = dataclasses.replace(others, job_bytes=others.job_bytes + own)
+            raise ArtifactBudgetError(
+                f"the next checkpoint (about {usage.mib(needed)}) does not fit in the owner's "
+                f"artifact budget even with only this job's newest checkpoint kept: "
+                f"{usage.describe(kept)}, {usage.mib(own)} of them this job's; its checkpoints "
+                "so far are kept: delete jobs or exports you no longer need (or raise "
+                f"{usage.SETTING}), then retry the job"
+            )
+        pruned = []
+        for path, freed in older:
+            if own + needed <= room:
+                break
+            self._prune(path)
+            own -= freed
+            pruned.append(path.name)
+        self.on_event(
+            "warning",
+            f"pruned {', '.join(pruned)} (beyond recipe.keep_last if need be) to keep the "
+            f"owner's artifacts within {usage.SETTING} ({usage.mib(others.limit)})",
+        )
+
+    def _freed_by(self, path: Path) -> int:
+        """The stored bytes pruning a step file frees: the file and its sidecar, or in a
+        bucket its object (unless the best's row names it)."""
+        if self.store is None:
+            sidecar = path.with_suffix(".sha256")
+            return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
+        if self.best is not None and self.best.path.name == path.name:
+            return 0
+        return path.stat().st_size
+
+    def _prune(self, path: Path) -> None:
+        """Remove a step checkpoint (and its object); its row goes with the next record."""
+        store = self.store
+        if store is not None and (self.best is None or self.best.path.name != path.name):
+            key = self.key_of(path)
+            while_store_reachable(self.watchdog, lambda: store.delete_prefix(key))
+        path.unlink(missing_ok=True)
+        path.with_suffix(".sha256").unlink(missing_ok=True)
+
+    def _measure(self, settings: Settings) -> int:
+        """The bytes the job's files take in the store now."""
+        return while_store_reachable(
+            self.watchdog, lambda: usage.job_bytes(settings, self.claim.job_id)
+        )
+
+    def _record_usage(self, settings: Settings) -> None:
+        """Write the job's stored bytes to its row (fenced)."""
+        measured = self._measure(settings)
+        self._write(
+            lambda session: usage.record_running(
+                session=session, job_id=self.claim.job_id, token=self.claim.token, measured=measured
+            )
+        )
+
     def _check_lease(self) -> None:
         # Stop at once, writing nothing more: another delivery owns the job now.
         if self.watchdog.lost.is_set():
@@ -282,3 +402,13 @@ def recorded_path(info: CheckpointInfo) -> tuple[Path, list[str]]:
     if info.is_best:
         return directory / checkpoints.BEST, steps
     return info.path, [*steps, str(directory / checkpoints.BEST)]
+
+
+def step_files(directory: Path) -> list[Path]:
+    """A folder's step checkpoints, oldest first."""
+    found = [
+        (int(match[1]), path)
+        for path in directory.glob("step-*.pt")
+        if (match := checkpoints.STEP_FILE.fullmatch(path.name)) is not None
+    ]
+    return [path for _, path in sorted(found)]

@@ -117,6 +117,8 @@ class Job(Base):
     images_per_s: Mapped[float | None] = mapped_column(Double)
     # jsonb on Postgres: a sort or filter by one of its keys reads that key (migration 0008).
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON().with_variant(JSONB, "postgresql"))
+    # The bytes its files take as stored, exports aside (`core.usage`); None: not measured.
+    artifact_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # The key that submitted it (None: auth off, or made before owners were kept); an
     # Idempotency-Key is unique per owner (`_idempotent`).
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
