@@ -35,6 +35,7 @@ from api.routers import (
     predict,
     session,
     studies,
+    usage,
     workers,
     zoo,
 )
@@ -126,6 +127,7 @@ def _api() -> APIRouter:
         zoo.router,
         datasets.router,
         keys.router,
+        usage.router,
         workers.router,
         session.router,
         health.router,

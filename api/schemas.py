@@ -1013,3 +1013,18 @@ class WorkerOut(BaseModel):
             started_at=row.started_at,
             last_seen_at=row.last_seen_at,
         )
+
+
+class UsageOut(BaseModel):
+    """The bytes an owner's artifacts take as stored, against MAX_ARTIFACT_BYTES_PER_OWNER."""
+
+    owner: uuid.UUID | None = Field(
+        None, description="The API key (its id); null: rows made with auth off."
+    )
+    name: str | None = Field(None, description="The key's name.")
+    job_bytes: int = Field(description="Its jobs' files: checkpoints, result files, records.")
+    export_bytes: int = Field(description="The exports it made.")
+    bytes: int = Field(description="job_bytes + export_bytes.")
+    jobs: int = Field(description="Its jobs that keep stored files.")
+    limit_bytes: int = Field(description="MAX_ARTIFACT_BYTES_PER_OWNER; 0: unlimited.")
+    left_bytes: int | None = Field(description="What it may still add; null: unlimited.")

@@ -31,7 +31,7 @@ from api.schemas import (
     Series,
 )
 from api.stream import job_events
-from core import artifacts, jobs
+from core import artifacts, jobs, usage
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
 from core.errors import InvalidError, NotOwnedError
@@ -69,6 +69,7 @@ def submit(
     _check_source(session, spec, caller)
     found = idempotency.earlier(session, Job, idempotency_key, owner)
     if found is None:
+        usage.check_room(session=session, settings=settings, spec=spec, owner=owner)
         job = jobs.create(
             session=session,
             spec=spec,
