@@ -176,7 +176,7 @@ def every_owner(*, session: Session, settings: Settings) -> list[tuple[Usage, st
         ModelExport.owner_key_id
     )
     of_exports = {owner: int(total or 0) for owner, total in session.execute(exports)}
-    names = dict(session.execute(select(ApiKey.id, ApiKey.name)).tuples().all())
+    names = {key_id: name for key_id, name in session.execute(select(ApiKey.id, ApiKey.name))}
     listed = []
     for owner in of_jobs.keys() | of_exports.keys():
         total, count = of_jobs.get(owner, (0, 0))
