@@ -147,8 +147,15 @@ class Settings(BaseSettings):
     upload_quota_bytes: int = Field(
         20 * 1024**3,
         ge=1024,
-        description="Unpacked bytes of uploads one owner (API key; with auth off, everyone "
-        "as one) may keep; an upload past it is 413 until some are deleted.",
+        description="Disk bytes (whole blocks, folders included) of the unpacked uploads one "
+        "owner (API key; with auth off, everyone as one) may keep; an upload past it is 413 "
+        "until some are deleted.",
+    )
+    upload_quota_files: int = Field(
+        200_000,
+        ge=1,
+        description="Files of the unpacked uploads one owner may keep (each costs an inode "
+        "and a block, whatever its size); an upload past it is 413 until some are deleted.",
     )
     max_artifact_bytes_per_owner: int = Field(
         100 * 1024**3,

@@ -2,10 +2,12 @@
 
 An upload's id is its archive's sha256. The files are kept once per archive; each owner
 (API key, or none with auth off) that sent it has a row (`core.db.tables.Upload`) with
-the unpacked bytes its quota (`UPLOAD_QUOTA_BYTES`) counts. Unpacking is bounded per
-archive (`UPLOAD_MAX_UNPACKED_BYTES`, `UPLOAD_MAX_RATIO`) and by the room the owner has
-left. An upload a queued or running job reads cannot be deleted; its files go with its
-last row.
+the disk bytes (whole blocks, folders included) and files its quotas
+(`UPLOAD_QUOTA_BYTES`, `UPLOAD_QUOTA_FILES`) count. Unpacking is bounded per archive
+(`UPLOAD_MAX_UNPACKED_BYTES`, `UPLOAD_MAX_RATIO`) and by the room the owner has left. The
+temporaries of an upload are held while in use; those of a killed process are swept when
+the API starts and before each upload. An upload a queued or running job reads cannot be
+deleted; its files go with its last row.
 
 With an object store (`ARTIFACT_STORE=s3`) the archive itself is kept in the bucket too,
 as `uploads/<sha256>/archive.zip` (or `.tar`), its sha256 the upload's id: a worker that
@@ -15,9 +17,9 @@ it (`materialize`). Deleting the upload deletes its objects.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,15 @@ from core.errors import ConflictError, InvalidError, NotFoundError
 from core.owners import Caller, check_owner
 from core.settings import Settings
 from core.storage import ObjectMissingError, StoreError, store_for
-from training.datasets.archives import Limits, sha256_of, unpack_archive
+from training.datasets.archives import (
+    FETCHING,
+    ArchiveLimitError,
+    Limits,
+    sha256_of,
+    sweep,
+    temporary,
+    unpack_archive,
+)
 
 FOLDER = "uploads"  # under DATA_DIR
 _ID = re.compile(r"[0-9a-f]{64}")
@@ -45,6 +55,12 @@ def folder(settings: Settings) -> Path:
     return settings.data_dir / FOLDER
 
 
+def sweep_temporaries(settings: Settings) -> list[str]:
+    """Remove what uploads killed mid-way left in the uploads folder (archives, partial
+    unpacks); the names removed."""
+    return sweep(folder(settings))
+
+
 def path_of(upload_id: str) -> str:
     """An upload's dataset path, relative to DATA_DIR (a job's `dataset.path`)."""
     return f"{FOLDER}/{upload_id}"
@@ -54,10 +70,21 @@ def _owned_by(owner: uuid.UUID | None) -> ColumnElement[bool]:
     return Row.owner_key_id.is_(None) if owner is None else Row.owner_key_id == owner
 
 
-def usage(*, session: Session, owner: uuid.UUID | None) -> int:
-    """The unpacked bytes of the uploads `owner` keeps (None: the owner of auth-off uploads)."""
-    total = select(func.coalesce(func.sum(Row.bytes), 0)).where(_owned_by(owner))
-    return int(session.scalar(total) or 0)
+def usage(*, session: Session, owner: uuid.UUID | None) -> tuple[int, int]:
+    """The disk bytes and files of the uploads `owner` keeps (None: the owner of auth-off
+    uploads)."""
+    totals = select(func.coalesce(func.sum(Row.bytes), 0), func.coalesce(func.sum(Row.files), 0))
+    disk, files = session.execute(totals.where(_owned_by(owner))).one()
+    return int(disk), int(files)
+
+
+def on_disk(tree: Path) -> tuple[int, int]:
+    """The bytes the disk holds for `tree` (its files' and folders' blocks) and its files."""
+    disk, files = tree.lstat().st_blocks * 512, 0
+    for path in tree.rglob("*"):
+        disk += path.lstat().st_blocks * 512
+        files += path.is_file()
+    return disk, files
 
 
 def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UUID | None) -> Row:
@@ -72,25 +99,60 @@ def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UU
         return kept
     # One upload of an owner at a time counts its room: two at once cannot both fit in it.
     take_turns(session, f"upload quota {owner}")
+    used, used_files = usage(session=session, owner=owner)
     limits = Limits(
         max_bytes=settings.upload_max_unpacked_bytes,
         max_ratio=settings.upload_max_ratio,
-        room=settings.upload_quota_bytes - usage(session=session, owner=owner),
+        room=settings.upload_quota_bytes - used,
+        room_files=settings.upload_quota_files - used_files,
+        block=_block_size(folder(settings)),
     )
     tree = unpack_archive(archive, folder(settings), limits=limits)
-    files = [path for path in tree.rglob("*") if path.is_file()]
+    disk, files = on_disk(tree)
     if not files:
-        shutil.rmtree(tree)
+        _drop_unkept(session, upload_id, tree)
         raise InvalidError(
             "the archive holds no images (expected class/image files)", field=("body", "file")
         )
+    # Unpacked before (by another owner) or on a file system of larger blocks: the checks
+    # while unpacking estimated; what the disk holds is what counts.
+    try:
+        _check_quota(disk, files, limits)
+    except ArchiveLimitError:
+        _drop_unkept(session, upload_id, tree)
+        raise
     if uses_bucket(settings):  # before the row: no row names an archive the store lacks
         put_archive(archive, upload_id, tree, session=session, settings=settings)
     row = kept or Row(sha256=upload_id, owner_key_id=owner)
-    row.files, row.bytes = len(files), sum(path.stat().st_size for path in files)
+    row.files, row.bytes = files, disk
     session.add(row)
     session.flush()
     return row
+
+
+def _block_size(path: Path) -> int:
+    """The block size of the file system `path` is on (4096 if it does not exist yet)."""
+    return os.statvfs(path).f_frsize if path.is_dir() else 4096
+
+
+def _check_quota(disk: int, files: int, limits: Limits) -> None:
+    """Refuse a tree past the disk bytes or files the owner's quota has left."""
+    if limits.room is not None and disk > limits.room:
+        raise ArchiveLimitError(
+            f"the archive takes {disk} bytes on disk, more than the {max(limits.room, 0)} "
+            "bytes left of the upload quota"
+        )
+    if limits.room_files is not None and files > limits.room_files:
+        raise ArchiveLimitError(
+            f"the archive holds {files} files, more than the {max(limits.room_files, 0)} "
+            "left of the upload file quota"
+        )
+
+
+def _drop_unkept(session: Session, upload_id: str, tree: Path) -> None:
+    """Remove an unpacked tree unless a row (another owner's upload) keeps it."""
+    if not session.scalar(select(func.count()).where(Row.sha256 == upload_id)):
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def put_archive(
@@ -101,8 +163,7 @@ def put_archive(
     try:
         store_for(settings).put(archive_key(archive, upload_id), archive, upload_id)
     except StoreError:
-        if not session.scalar(select(func.count()).where(Row.sha256 == upload_id)):
-            shutil.rmtree(tree, ignore_errors=True)
+        _drop_unkept(session, upload_id, tree)
         raise
 
 
@@ -199,9 +260,8 @@ def materialize(settings: Settings, dataset: object) -> Path | None:
     if not keys:
         raise ObjectMissingError(f"upload {upload_id} is missing from the object store")
     fetched = store.fetch(keys[0], upload_id)
-    folder(settings).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder(settings)) as scratch:
-        named = Path(scratch) / keys[0].rsplit("/", 1)[1]  # unpacking reads the suffix
+    with temporary(folder(settings), FETCHING, folder=True) as scratch:
+        named = scratch / keys[0].rsplit("/", 1)[1]  # unpacking reads the suffix
         named.symlink_to(fetched)
         limits = Limits(
             max_bytes=settings.upload_max_unpacked_bytes, max_ratio=settings.upload_max_ratio

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 
 from fastapi import APIRouter, UploadFile, status
 
@@ -14,7 +13,7 @@ from core import uploads
 from core.errors import InvalidError
 from core.settings import Settings
 from training.datasets import available_datasets
-from training.datasets.archives import ARCHIVE_SUFFIXES, ArchiveLimitError
+from training.datasets.archives import ARCHIVE_SUFFIXES, UPLOADING, ArchiveLimitError, temporary
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -36,27 +35,25 @@ def upload_dataset(
 ) -> UploadOut:
     """Unpack a .zip/.tar/.tar.gz of class/image files safely; answers its dataset path.
 
-    413 when it would unpack past UPLOAD_MAX_UNPACKED_BYTES, past UPLOAD_MAX_RATIO times
-    its own size, or past what is left of the owner's UPLOAD_QUOTA_BYTES; nothing is kept.
+    413 when it has more than 200,000 entries, would unpack past UPLOAD_MAX_UNPACKED_BYTES,
+    past UPLOAD_MAX_RATIO times its own size, or past what is left of the owner's
+    UPLOAD_QUOTA_BYTES (disk bytes) or UPLOAD_QUOTA_FILES; nothing is kept.
     """
     suffix = _archive_suffix(file.filename or "")
-    folder = uploads.folder(settings)
-    folder.mkdir(parents=True, exist_ok=True)
-    archive = folder / f".upload-{uuid.uuid4().hex}{suffix}"
-    try:
-        with archive.open("wb") as sink:
-            shutil.copyfileobj(file.file, sink, 2**20)
-        row = uploads.store(archive, session=session, settings=settings, owner=caller.owner)
-    except ArchiveLimitError as error:
-        reason = error.__cause__ or error  # without the server's temporary path
-        raise TooLargeError(
-            f"cannot unpack {file.filename}: {reason}{_limits(settings)}"
-        ) from error
-    except ValueError as error:
-        reason = error.__cause__ or error
-        raise _invalid(f"cannot unpack {file.filename}: {reason}") from error
-    finally:
-        archive.unlink(missing_ok=True)
+    uploads.sweep_temporaries(settings)  # what a killed upload of any process left
+    with temporary(uploads.folder(settings), UPLOADING, suffix) as archive:
+        try:
+            with archive.open("wb") as sink:
+                shutil.copyfileobj(file.file, sink, 2**20)
+            row = uploads.store(archive, session=session, settings=settings, owner=caller.owner)
+        except ArchiveLimitError as error:
+            reason = error.__cause__ or error  # without the server's temporary path
+            raise TooLargeError(
+                f"cannot unpack {file.filename}: {reason}{_limits(settings)}"
+            ) from error
+        except ValueError as error:
+            reason = error.__cause__ or error
+            raise _invalid(f"cannot unpack {file.filename}: {reason}") from error
     return UploadOut(path=uploads.path_of(row.sha256), files=row.files, bytes=row.bytes)
 
 
@@ -90,7 +87,8 @@ def _limits(settings: Settings) -> str:
     return (
         f" (limits: UPLOAD_MAX_UNPACKED_BYTES {settings.upload_max_unpacked_bytes:,}, "
         f"UPLOAD_MAX_RATIO {settings.upload_max_ratio:g}, UPLOAD_QUOTA_BYTES "
-        f"{settings.upload_quota_bytes:,} per owner; delete uploads you no longer need "
+        f"{settings.upload_quota_bytes:,} on disk and UPLOAD_QUOTA_FILES "
+        f"{settings.upload_quota_files:,} per owner; delete uploads you no longer need "
         "with DELETE /api/v1/datasets/uploads/{id})"
     )
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,7 +17,7 @@ from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 from sqlalchemy.pool import NullPool
 
 # The errors of a database that is down, restarting, refusing connections or cutting them
@@ -69,7 +74,83 @@ def session_scope(url: str, *, pooled: bool = True) -> Iterator[Session]:
 
 
 def take_turns(session: Session, name: str) -> None:
-    """Hold a lock on `name` to the end of the transaction (Postgres; SQLite writes one at a
-    time anyway): a concurrent transaction asking for it waits until this one ends."""
-    if session.get_bind().dialect.name == "postgresql":
+    """Hold a lock on `name` to the end of the transaction: a concurrent transaction (of any
+    thread or process) asking for it waits until this one ends."""
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
         session.execute(select(func.pg_advisory_xact_lock(func.hashtextextended(name, 0))))
+    elif bind.dialect.name == "sqlite":
+        _take_sqlite_turn(session, bind.engine.url.database, name)
+
+
+# SQLite has no advisory lock. Its turns are one of `_SLOTS` byte-range locks of a file beside
+# the database (fcntl: between processes) and a threading lock per slot (between the threads
+# of one process, which fcntl does not tell apart); two names sharing a slot take turns too.
+_SLOTS = 4096
+
+
+@dataclass(eq=False)
+class _Turns:
+    """The turn locks of one SQLite database in this process."""
+
+    file: int | None  # descriptor of `<database>.turns`; None for an in-memory database
+    threads: list[threading.Lock] = field(
+        default_factory=lambda: [threading.Lock() for _ in range(_SLOTS)]
+    )
+
+
+_turns: dict[str, _Turns] = {}
+_turns_guard = threading.Lock()
+
+
+def _turns_of(database: str | None) -> _Turns:
+    with _turns_guard:
+        key = database or ":memory:"
+        if key not in _turns:
+            on_disk = key != ":memory:" and not key.startswith("file:")
+            file = os.open(f"{key}.turns", os.O_RDWR | os.O_CREAT, 0o600) if on_disk else None
+            _turns[key] = _Turns(file)
+        return _turns[key]
+
+
+def _take_sqlite_turn(session: Session, database: str | None, name: str) -> None:
+    """Take the slot of `name` for this session's transaction (once, if it holds it)."""
+    slot = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest()) % _SLOTS
+    held: list[tuple[_Turns, int]] = session.info.setdefault(_HELD, [])
+    turns = _turns_of(database)
+    if (turns, slot) in held:
+        return
+    session.connection()  # the transaction the turn lasts
+    turns.threads[slot].acquire()
+    try:
+        if turns.file is not None:
+            fcntl.lockf(turns.file, fcntl.LOCK_EX, 1, slot)
+    except BaseException:
+        turns.threads[slot].release()
+        raise
+    held.append((turns, slot))
+
+
+_HELD = "sqlite_turns"
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _end_sqlite_turns(session: Session, transaction: SessionTransaction) -> None:
+    """Release the turns a session took once its outermost transaction ends."""
+    if transaction.parent is not None or _HELD not in session.info:
+        return
+    for turns, slot in session.info.pop(_HELD):
+        if turns.file is not None:
+            fcntl.lockf(turns.file, fcntl.LOCK_UN, 1, slot)
+        turns.threads[slot].release()
+
+
+def _forget_turns() -> None:
+    # A forked child holds none of its parent's locks (threading locks held by another thread
+    # of the parent would stay held in it forever): it starts afresh.
+    global _turns_guard
+    _turns.clear()
+    _turns_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_turns)
