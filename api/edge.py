@@ -3,6 +3,8 @@
 - `HostGuard`: with auth off, only the loopback names at the server's own port (or
   ALLOWED_HOSTS) are served, against DNS rebinding; changes that carry another site's
   Origin are refused, against cross-site form posts.
+- `InputGuard`: a URL path or query with a control character (NUL, say), or a numeric
+  header that is not an ASCII number, is a 400 before any route parses it.
 - `AuthFirst`: with auth on, a request that carries a body is authenticated from its
   headers first; without a valid key it is a 401 and its body is never read.
 - `PublicErrors`: error answers carry no server paths; an unexpected exception is a 500
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers
@@ -75,6 +78,7 @@ async def answer(
 def install(app: FastAPI, settings: Settings, checked: TtlCache[str, Principal]) -> None:
     """Add the edge to `app`, outermost last: errors, hosts, then authentication."""
     app.add_middleware(AuthFirst, settings=settings, checked=checked)
+    app.add_middleware(InputGuard)
     app.add_middleware(HostGuard, settings=settings)
     app.add_middleware(PublicErrors, settings=settings)
 
@@ -156,6 +160,58 @@ def _host_name(host: str) -> str:
         return host
     name, colon, port = host.rpartition(":")
     return name if colon and port.isdigit() else host
+
+
+# --- URLs and headers --------------------------------------------------------------
+
+# Headers that the service reads as byte counts or line numbers: ASCII digits only
+# (str.isdigit passes superscripts and other scripts' digits, which int() then refuses).
+NUMERIC_HEADERS = ("content-length", "inference-header-content-length", "last-event-id")
+MAX_NUMBER_DIGITS = 19  # 2**63 - 1 has 19: a longer number is beyond every bound here
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class InputGuard:
+    """ASGI middleware: a control character in the URL's path or query (decoded), or a
+    numeric header that is not a plain ASCII number, is a 400 with what to fix."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem = url_problem(scope) or header_problem(scope)
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        await answer(send, 400, "bad_request", problem, bare=is_protocol(scope["path"]))
+
+
+def url_problem(scope: Scope) -> str | None:
+    """What is wrong with a request's path or query, if anything: a control character."""
+    if _CONTROL.search(scope["path"]):
+        return "the URL path contains a control character (such as %00); remove it"
+    query = unquote_plus(scope["query_string"].decode("latin-1"), encoding="latin-1")
+    if _CONTROL.search(query):
+        return "the URL query contains a control character (such as %00); remove it"
+    return None
+
+
+def header_problem(scope: Scope) -> str | None:
+    """What is wrong with a request's numeric headers, if anything."""
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        if name not in NUMERIC_HEADERS:
+            continue
+        value = raw_value.decode("latin-1").strip()
+        if not (value.isascii() and value.isdigit() and len(value) <= MAX_NUMBER_DIGITS):
+            return (
+                f"header {name} must be a whole number of at most {MAX_NUMBER_DIGITS} digits, "
+                f"not {value!r}"
+            )
+    return None
 
 
 # --- authentication before bodies -----------------------------------------------------

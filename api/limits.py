@@ -1,12 +1,17 @@
-"""Request limits answered before a route runs: body sizes (413) and full model queues (503).
+"""Request limits answered before a route runs: body sizes (413), bodies that stall (408),
+JSON with control characters (400) and full model queues (503).
 
 A declared Content-Length over the limit is refused before the body is read; a chunked
-body is counted as it arrives and refused once it passes the limit. A prediction for a
-model whose request queue is full is refused before routing, dependencies or its body.
+body is counted as it arrives and refused once it passes the limit. A JSON body whose
+strings escape a control character (`\u0000`, say: Postgres stores no NUL) is refused as
+it arrives. A prediction for a model whose request queue is full is refused before
+routing, dependencies or its body.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Callable
 
 from starlette.datastructures import Headers
@@ -32,11 +37,13 @@ class BodyLimit:
         default: int,
         by_path: dict[str, int],
         by_test: tuple[tuple[PathTest, int], ...] = (),
+        idle_s: float | None = None,
     ) -> None:
         self.app = app
         self.default = default
         self.by_path = by_path
         self.by_test = by_test
+        self.idle_s = idle_s  # the longest wait for a body's next chunk
 
     def limit(self, path: str) -> int:
         """The body limit of a request path."""
@@ -51,20 +58,73 @@ class BodyLimit:
             return
         limit = self.limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             await _refuse(send, limit)
             return
-        received = 0
+        received, complete = 0, False
+        escapes = EscapeScan() if _is_json(declared_type(scope)) else None
 
         async def counted() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
+            nonlocal received, complete
+            # Once the body is in, receive waits for the client to leave: no time limit.
+            message = await (receive() if complete else self._next(receive))
+            complete = complete or not message.get("more_body", False)
+            chunk = message.get("body", b"")
+            received += len(chunk)
             if received > limit:  # FastAPI lets an HTTPException through body parsing
                 raise HTTPException(413, _message(limit))
+            if escapes is not None and escapes.found(chunk):
+                raise HTTPException(400, CONTROL_MESSAGE)
             return message
 
         await self.app(scope, counted, send)
+
+    async def _next(self, receive: Receive) -> Message:
+        """The next message, or a 408 when the client sends nothing for `idle_s`."""
+        if self.idle_s is None:
+            return await receive()
+        try:
+            return await asyncio.wait_for(receive(), self.idle_s)
+        except TimeoutError:
+            message = f"the request body stalled: nothing arrived for {self.idle_s:g} s"
+            raise HTTPException(408, message, {"Connection": "close"}) from None
+
+
+CONTROL_MESSAGE = (
+    "the JSON body escapes a control character (such as \\u0000) in a string; text "
+    "fields take printable characters, tabs and line breaks only"
+)
+# A \u escape of a C0 control character other than tab, line feed and carriage return,
+# after an even run of backslashes (an odd run escapes the backslash instead).
+_CONTROL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u00(?:0[0-8bBcCeEfF]|1[0-9a-fA-F])")
+_ESCAPE_LENGTH = 6  # \u0000
+
+
+class EscapeScan:
+    """Finds control-character escapes in a JSON body that arrives in chunks."""
+
+    def __init__(self) -> None:
+        self.carry = b""  # the end of the last chunk that an escape may continue from
+
+    def found(self, chunk: bytes) -> bool:
+        """Whether an escape ends in `chunk`, given the chunks before it."""
+        data = self.carry + chunk
+        if _CONTROL_ESCAPE.search(data):
+            return True
+        head, tail = data[: -_ESCAPE_LENGTH + 1], data[-_ESCAPE_LENGTH + 1 :]
+        run = len(head) - len(head.rstrip(b"\\"))  # backslashes before the tail
+        self.carry = b"\\" * (run % 2) + tail
+        return False
+
+
+def declared_type(scope: Scope) -> str:
+    """A request's media type, lower case, without parameters."""
+    content_type = Headers(scope=scope).get("content-type", "")
+    return content_type.partition(";")[0].strip().lower()
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 def _message(limit: int) -> str:
