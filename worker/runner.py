@@ -103,11 +103,11 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
     if outcome.status == HANDED_BACK:
         _hand_back(settings, watchdog, outcome.error or "its worker is stopping")
         return
+    _record_usage(settings, job_id)  # before its status: an ended job shows its figure
     outcomes.record(settings, claim, outcome, watchdog.progress)
     if store is not None:
         # Its checkpoints are in the bucket: this machine's copies would only fill its disk.
         artifacts.delete_job(settings, job_id)
-    _record_usage(settings, job_id)
     _release_study(settings, job_id)
 
 
