@@ -31,13 +31,14 @@ from api.schemas import (
     Series,
 )
 from api.stream import job_events
-from core import artifacts, jobs, usage
+from core import artifacts, jobs, kinds, usage
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
 from core.errors import InvalidError, NotOwnedError
-from core.kinds import KINDS, JobSpec, PredictJobSpec, predict, train
+from core.kinds import KINDS, JobSpec
 from core.owners import Caller
 from core.queue import enqueue_committed
+from core.settings import Settings
 from core.studies import service as studies
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -66,7 +67,7 @@ def submit(
     """Validate, commit the queued job (owned by the caller's key), then put its id on the
     train queue (202)."""
     owner = caller.owner
-    _check_source(session, spec, caller)
+    _check_source(session, settings, spec, caller)
     found = idempotency.earlier(session, Job, idempotency_key, owner)
     if found is None:
         usage.check_room(session=session, settings=settings, spec=spec, owner=owner)
@@ -95,23 +96,10 @@ def _as_sent(spec: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
-def _check_source(session: Session, spec: JobSpec, caller: Caller) -> None:
-    """A job another key's job feeds (an evaluation) needs that job readable by the caller;
-    a prediction, the model and the uploaded dataset it names."""
-    if isinstance(spec, PredictJobSpec):
-        predict.check_access(session, spec, caller)
-        return
-    if isinstance(spec, train.TrainJobSpec):
-        train.check_access(session, spec, caller)  # a fine-tune's source
-        return
-    source = getattr(spec, "source_job", None)
-    if not isinstance(source, uuid.UUID):
-        return
-    owner = session.scalar(select(Job.owner_key_id).where(Job.id == source))
-    if not caller.sees(owner):  # the answer a job that does not exist gets
-        raise InvalidError(
-            f"source_job {source} is not a train job of this service", field=("body", "source_job")
-        )
+def _check_source(session: Session, settings: Settings, spec: JobSpec, caller: Caller) -> None:
+    """What the job reads (the dataset's uploads, a model, a source job) must be readable by
+    the caller; else a 422, as for what does not exist."""
+    kinds.check_access(session, settings, spec, caller)
 
 
 @router.get("", summary="List jobs: filter, sort, page", responses=responses(401, 403, 422))

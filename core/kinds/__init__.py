@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
+from sqlalchemy.orm import Session
 
 from core.errors import InvalidError
 from core.kinds import evaluate, imported, predict, train
@@ -18,6 +19,8 @@ from core.kinds.evaluate import EvaluateJobSpec
 from core.kinds.imported import ImportJobSpec
 from core.kinds.predict import PredictJobSpec
 from core.kinds.train import TrainJobSpec
+from core.owners import Caller
+from core.settings import Settings
 
 __all__ = [
     "KINDS",
@@ -30,6 +33,7 @@ __all__ = [
     "RowFacts",
     "RunContext",
     "TrainJobSpec",
+    "check_access",
     "evaluate",
     "get",
     "imported",
@@ -50,6 +54,11 @@ def get(name: str) -> JobKind[Any]:
     except KeyError:
         known = ", ".join(KINDS)
         raise InvalidError(f"job kind {name!r} is unknown; kinds are {known}") from None
+
+
+def check_access(session: Session, settings: Settings, spec: KindSpec, caller: Caller) -> None:
+    """On submission: `InvalidError` unless the caller may read all the job reads."""
+    get(spec.kind).check(session, settings, spec, caller)
 
 
 if TYPE_CHECKING:

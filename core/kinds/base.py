@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from sqlalchemy.orm import Session
 
+from core.owners import Caller
 from core.settings import Settings
 from training.data import LoadedDataset
 from training.events import EventSink
@@ -82,6 +83,9 @@ class JobKind(Generic[S]):
     # The net a succeeded job's checkpoints hold, from its stored spec: its zoo spec and the
     # classes it answers (what a prediction with it costs). None: they hold no net to serve.
     net: Callable[[dict[str, Any]], tuple[ModelSpec, int]] | None = None
+    # On submission: `InvalidError` unless the caller may read all the job reads (its
+    # dataset's uploads, the model or job it starts from).
+    check: Callable[[Session, Settings, S, Caller], None] = lambda *_: None
 
 
 KINDS: dict[str, JobKind[Any]] = {}

@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core import admission, artifacts, resources
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
+from core.kinds import reads
 from core.kinds.base import KINDS, JobKind, RowFacts, RunContext
+from core.owners import Caller
 from core.resources import ResourcesSpec
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
 from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
@@ -68,6 +71,20 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
             f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
         )
     return facts_of(source, spec.dataset)
+
+
+def check_access(
+    session: Session, settings: Settings, spec: EvaluateJobSpec, caller: Caller
+) -> None:
+    """A 422 unless the caller may read the source job (else it is told none exists, as
+    for a job that does not) and the dataset."""
+    owner = session.scalar(select(Job.owner_key_id).where(Job.id == spec.source_job))
+    if not caller.sees(owner):
+        raise InvalidError(
+            f"source_job {spec.source_job} is not a train job of this service",
+            field=("body", "source_job"),
+        )
+    reads.check_dataset(session, settings, spec.dataset, caller)
 
 
 def facts_of(source: Job, dataset: DatasetSpec) -> RowFacts:
@@ -154,4 +171,5 @@ KIND = JobKind(
     spec=EvaluateJobSpec,
     record=record,
     run=run,
+    check=check_access,
 )

@@ -17,17 +17,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import models
-from core import admission, artifacts, model_registry, resources, uploads
-from core.db.tables import Job, Upload
+from core import admission, artifacts, model_registry, resources
+from core.db.tables import Job
 from core.errors import ConflictError, InvalidError, NotFoundError
+from core.kinds import reads
 from core.kinds.base import JobKind, RowFacts, RunContext
 from core.kinds.evaluate import facts_of
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
+from core.settings import Settings
 from training.batch_predict import Format, Prediction, images_of, predict_split
 from training.checkpoints import sha256_of
 from training.predictor import Predictor
@@ -96,30 +97,17 @@ def resolve_model(session: Session, ref: str, caller: Caller = ANYONE) -> model_
     return target
 
 
-def check_upload(session: Session, dataset: DatasetSpec, caller: Caller = ANYONE) -> None:
-    """`InvalidError` when the dataset is an upload that the caller cannot read (or none)."""
-    upload_id = uploads.upload_of(dataset.model_dump())
-    if upload_id is None:
-        return
-    owners = session.scalars(select(Upload.owner_key_id).where(Upload.sha256 == upload_id))
-    if not any(caller.sees(owner) for owner in owners):
-        raise InvalidError(
-            f"dataset.path names upload {upload_id}, which does not exist; upload an "
-            "archive with POST /api/v1/datasets and use the path it answers",
-            field=("body", "dataset", "path"),
-        )
-
-
-def check_access(session: Session, spec: PredictJobSpec, caller: Caller) -> None:
-    """A 422 unless the caller may read the model and the uploaded dataset the spec names."""
+def check_access(
+    session: Session, settings: Settings, spec: PredictJobSpec, caller: Caller
+) -> None:
+    """A 422 unless the caller may read the model and the dataset the spec names."""
     resolve_model(session, spec.model, caller)
-    check_upload(session, spec.dataset, caller)
+    reads.check_dataset(session, settings, spec.dataset, caller)
 
 
 def record(session: Session, spec: PredictJobSpec) -> RowFacts:
     """The model's net and the dataset; pins the checkpoint the reference names now."""
     target = resolve_model(session, spec.model)
-    check_upload(session, spec.dataset)
     source = session.get(Job, target.job_id)
     if source is None:
         raise InvalidError(f"the job of {spec.model!r} is gone", field=("body", "model"))
@@ -240,4 +228,5 @@ KIND = JobKind(
     spec=PredictJobSpec,
     record=record,
     run=run,
+    check=check_access,
 )

@@ -17,6 +17,7 @@ import models
 from core import admission, artifacts, model_registry, resources
 from core.db.tables import Job
 from core.errors import ConflictError, InvalidError, NotFoundError
+from core.kinds import reads
 from core.kinds.base import JobKind, RowFacts, RunContext
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
@@ -67,8 +68,10 @@ def resolve_init(session: Session, ref: str, caller: Caller = ANYONE) -> model_r
     return target
 
 
-def check_access(session: Session, spec: TrainJobSpec, caller: Caller) -> None:
-    """A 422 unless the caller may read the checkpoint a fine-tune starts from."""
+def check_access(session: Session, settings: Settings, spec: TrainJobSpec, caller: Caller) -> None:
+    """A 422 unless the caller may read the dataset and the checkpoint a fine-tune starts
+    from."""
+    reads.check_dataset(session, settings, spec.dataset, caller)
     if spec.init is not None:
         resolve_init(session, spec.init.source, caller)
 
@@ -198,4 +201,5 @@ KIND = JobKind(
     record=record,
     run=run,
     net=net_of,
+    check=check_access,
 )
