@@ -465,8 +465,14 @@ class DatasetOut(BaseModel):
     name: str
     available: bool
     downloadable: bool
-    location: str | None
-    needs: str
+    location: str | None = Field(
+        description="Where it was found, relative to the server's DATA_DIR; null: not on disk.",
+        examples=["cifar-10-batches-py"],
+    )
+    needs: str = Field(
+        description="What to provide if it is not here (DATA_DIR: the server's data folder).",
+        examples=["put cifar-10-python.tar.gz (or its unpacked cifar-10-batches-py/) in DATA_DIR"],
+    )
 
 
 class UploadOut(BaseModel):

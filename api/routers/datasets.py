@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 from fastapi import APIRouter, UploadFile, status
 
@@ -12,7 +14,7 @@ from api.schemas import DatasetOut, UploadItem, UploadOut
 from core import uploads
 from core.errors import InvalidError
 from core.settings import Settings
-from training.datasets import available_datasets
+from training.datasets import DatasetAvailability, available_datasets
 from training.datasets.archives import ARCHIVE_SUFFIXES, UPLOADING, ArchiveLimitError, temporary
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -20,8 +22,21 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 @router.get("", summary="Datasets and what each needs", responses=responses(401, 403))
 def list_datasets(settings: SettingsDep, _: ReadKey) -> list[DatasetOut]:
-    """Every dataset name, whether it can be read here, and what it needs otherwise."""
-    return [DatasetOut.model_validate(found) for found in available_datasets(settings.data_dir)]
+    """Every dataset name, whether it can be read here, and what it needs otherwise; paths
+    are relative to the server's DATA_DIR."""
+    return [_shown(found, settings.data_dir) for found in available_datasets(settings.data_dir)]
+
+
+def _shown(found: DatasetAvailability, data_dir: Path) -> DatasetOut:
+    """A dataset's availability without the server's own paths: DATA_DIR stands for them."""
+    where = None if found["location"] is None else Path(found["location"])
+    if where is not None:
+        where = where.relative_to(data_dir) if where.is_relative_to(data_dir) else Path(where.name)
+    # The data folder as a whole path (not part of a longer name) becomes its setting's name.
+    needs = re.sub(rf"(?<![\w/.]){re.escape(str(data_dir))}(?![\w.-])", "DATA_DIR", found["needs"])
+    return DatasetOut.model_validate(
+        {**found, "location": None if where is None else where.as_posix(), "needs": needs}
+    )
 
 
 @router.post(

@@ -45,6 +45,25 @@ def test_datasets_say_what_is_here_and_what_is_needed(client: TestClient) -> Non
     assert "cifar-10-python.tar.gz" in found["cifar10"]["needs"]
 
 
+def test_datasets_name_places_relative_to_the_data_folder_never_server_paths(
+    client: TestClient, settings: Settings
+) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    release = settings.data_dir / "cifar-100-python.tar.gz"
+    release.touch()
+    try:
+        listed = client.get(DATASETS).json()
+    finally:
+        release.unlink()
+    found = {row["name"]: row for row in listed}
+    assert found["cifar100"]["location"] == "cifar-100-python.tar.gz"
+    assert found["cifar10"]["location"] is None
+    assert found["cifar10"]["needs"].endswith("in DATA_DIR, or enable downloads")
+    assert "files in DATA_DIR/mnist," in found["mnist"]["needs"]
+    assert "under DATA_DIR" in found["imagefolder"]["needs"]
+    assert str(settings.data_dir) not in str(listed)
+
+
 def test_an_uploaded_archive_is_a_dataset_path_jobs_can_use(
     client: TestClient, settings: Settings, queue: redis.Redis
 ) -> None:
