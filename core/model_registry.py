@@ -65,19 +65,29 @@ def register(
     job_id: uuid.UUID,
     checkpoint: str = "best",
     caller: Caller = ANYONE,
+    max_versions: int | None = None,
 ) -> ModelVersion:
     """Add the next version of `name` (created on first use, owned by the caller) from a
-    succeeded job; only the model's owner (or an admin key) adds to an existing model."""
+    succeeded job; only the model's owner (or an admin key) adds to an existing model, only
+    the job's owner (or an admin key) registers a job of an owner, and a job is at most
+    `max_versions` versions (MAX_VERSIONS_PER_JOB; None: no bound)."""
     if NAME.fullmatch(name) is None:
         raise InvalidError(f"model name {name!r} must match {NAME.pattern}", field=("path", "name"))
-    job = session.get(Job, job_id)
+    # Locked: concurrent registrations of one job count its versions one after another.
+    job = session.get(Job, job_id, with_for_update=True)
     # An import job (`core.imports`) holds converted weights as its one checkpoint.
     if job is None or job.kind not in ("train", "import") or not caller.sees(job.owner_key_id):
         raise InvalidError(
             f"job {job_id} is not a train job of this service", field=("body", "job")
         )
+    # A version keeps its job from being deleted: another key's would pin it for good. A
+    # job made with auth off has no owner to pin it from (admin keys delete any version).
+    if job.owner_key_id is not None:
+        check_owner(caller, job.owner_key_id, f"job {job_id}", "register")
     if job.status != "succeeded":
         raise ConflictError(f"job {job_id} is {job.status}; only succeeded jobs register")
+    if max_versions is not None:
+        _check_room(session, job_id, max_versions)
     row = artifacts.find_checkpoint(session=session, job_id=job_id, which=checkpoint)
     if row is None:
         raise InvalidError(
@@ -101,6 +111,22 @@ def register(
     session.add(version)
     session.flush()
     return version
+
+
+def _check_room(session: Session, job_id: uuid.UUID, max_versions: int) -> None:
+    """`ConflictError` when the job is `max_versions` registered versions already."""
+    made = session.execute(
+        select(RegisteredModel.name, ModelVersion.version)
+        .join(ModelVersion, ModelVersion.model_id == RegisteredModel.id)
+        .where(ModelVersion.job_id == job_id)
+        .order_by(ModelVersion.id)
+    ).all()
+    if len(made) >= max_versions:
+        named = ", ".join(f"{name}/{version}" for name, version in made[:5])
+        raise ConflictError(
+            f"job {job_id} is {len(made)} registered versions already ({named}), the most "
+            f"MAX_VERSIONS_PER_JOB ({max_versions}) allows; delete one of them first"
+        )
 
 
 def _locked_model(session: Session, name: str, caller: Caller) -> RegisteredModel:
@@ -147,9 +173,12 @@ def delete_version(
     *, session: Session, name: str, version: int, caller: Caller = ANYONE
 ) -> ModelVersion:
     """Remove a version that no alias points to; the removed row (its exports' files are the
-    caller's to delete, `core.exports.delete_files`)."""
-    _changeable(session, name, caller, "delete versions of")
-    target = _version(session, name, version)
+    caller's to delete, `core.exports.delete_files`). The model's owner, an admin key, or
+    the owner of the version's job (whose job it keeps from being deleted) removes it."""
+    target = _of_callers_job(session, name, version, caller)
+    if target is None:
+        _changeable(session, name, caller, "delete versions of")
+        target = _version(session, name, version)
     aliases = session.scalars(select(ModelAlias.alias).where(ModelAlias.version_id == target.id))
     pointing = sorted(aliases)
     if pointing:
@@ -157,6 +186,24 @@ def delete_version(
             f"{name}/{version} is served by alias(es) {', '.join(pointing)}; move them first"
         )
     session.delete(target)
+    return target
+
+
+def _of_callers_job(
+    session: Session, name: str, version: int, caller: Caller
+) -> ModelVersion | None:
+    """Version `version` of `name` (its model locked) if it is made of a job of the
+    caller's key; else None (nothing said about what the caller may not read)."""
+    if caller.owner is None:
+        return None
+    try:
+        target = _version(session, name, version)
+    except NotFoundError:
+        return None
+    job_owner = session.scalar(select(Job.owner_key_id).where(Job.id == target.job_id))
+    if job_owner != caller.owner:
+        return None
+    _lock(session, target.model_id)
     return target
 
 
@@ -251,10 +298,15 @@ def _changeable(session: Session, name: str, caller: Caller, action: str) -> Reg
     """
     model = get_model(session=session, name=name, caller=caller)
     check_owner(caller, model.owner_key_id, f"model {name!r}", action)
-    session.execute(
-        select(RegisteredModel.id).where(RegisteredModel.id == model.id).with_for_update()
-    )
+    _lock(session, model.id)
     return model
+
+
+def _lock(session: Session, model_id: int) -> None:
+    """Lock a model's row to the end of the transaction."""
+    session.execute(
+        select(RegisteredModel.id).where(RegisteredModel.id == model_id).with_for_update()
+    )
 
 
 def _version(session: Session, name: str, version: int) -> ModelVersion:

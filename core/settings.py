@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     max_study_jobs: int = Field(
         1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
     )
+    max_versions_per_job: int = Field(
+        20, ge=1, le=10_000, description="Most registered versions made of one job (409 beyond)."
+    )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
     import_max_bytes: int = Field(
         1024**3, ge=1024, description="Largest weights file an import takes (413 beyond)."

@@ -66,13 +66,22 @@ def register_version(
     name: str,
     body: Annotated[RegisterIn, Body()],
     session: SessionDep,
+    settings: SettingsDep,
     refs: RefsDep,
     caller: TrainCaller,
 ) -> VersionOut:
     """Add a succeeded train job's best or last checkpoint; the model is created on first use,
-    owned by the caller's key, and only that key (or an admin key) adds versions later."""
+    owned by the caller's key, and only that key (or an admin key) adds versions later.
+
+    Only the job's owner (or an admin key) registers it (403); a job is at most
+    MAX_VERSIONS_PER_JOB versions (409)."""
     version = model_registry.register(
-        session=session, name=name, job_id=body.job, checkpoint=body.checkpoint, caller=caller
+        session=session,
+        name=name,
+        job_id=body.job,
+        checkpoint=body.checkpoint,
+        caller=caller,
+        max_versions=settings.max_versions_per_job,
     )
     _committed(session, refs)  # `name` now means this version
     job = session.get(Job, version.job_id)
@@ -134,7 +143,7 @@ def delete_version(
     """Remove the version and its exports (its job and checkpoint stay); 409 while an alias
     points to it.
 
-    Only the model's owner (or an admin key) deletes its versions (403)."""
+    The model's owner, an admin key, or the owner of the version's job deletes it (403)."""
     removed = model_registry.delete_version(
         session=session, name=name, version=version, caller=caller
     )

@@ -18,6 +18,7 @@ from PIL import Image
 from api.app import create_app
 from core import keys
 from core.db.session import session_scope
+from core.db.tables import Job
 from core.settings import Settings
 from tests.api.helpers import TRAIN, make_key, trained_job
 
@@ -280,3 +281,46 @@ def test_with_auth_off_everything_is_allowed_and_rows_have_no_owner(
     _refused(anonymous.post(f"{path}/cancel", headers=bob.headers), 403, "does not own")
     assert anonymous.post(f"{path}/cancel", headers=admin.headers).status_code == 200
     assert auth_off.delete(path).status_code == 204
+
+
+def _owned_by(settings: Settings, key: Key) -> str:
+    """A succeeded train job with real checkpoints, made by `key`."""
+    job_id = trained_job(settings)
+    with session_scope(settings.database_url) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.owner_key_id = uuid.UUID(key.id)
+    return str(job_id)
+
+
+def test_only_the_jobs_owner_or_admin_registers_it_and_its_owner_removes_its_versions(
+    anonymous: TestClient, settings: Settings, alice: Key, bob: Key, admin: Key
+) -> None:
+    job_id = _owned_by(settings, alice)
+    name = f"pinned-{uuid.uuid4().hex[:8]}"
+    versions = f"{REGISTRY}/{name}/versions"
+    refused = anonymous.post(versions, json={"job": job_id}, headers=bob.headers)
+    _refused(refused, 403, f"does not own job {job_id}", "register")
+    assert anonymous.get(f"{REGISTRY}/{name}", headers=bob.headers).status_code == 404
+    # An admin's version of it is the job owner's to remove, so the job can go.
+    made = anonymous.post(versions, json={"job": job_id}, headers=admin.headers)
+    assert made.status_code == 201, made.text
+    job = f"{JOBS}/{job_id}"
+    _refused(anonymous.delete(job, headers=alice.headers), 409, f"{name}/1")
+    _refused(anonymous.delete(f"{versions}/1", headers=bob.headers), 403, f"model {name!r}")
+    assert anonymous.delete(f"{versions}/1", headers=alice.headers).status_code == 204
+    assert anonymous.delete(job, headers=alice.headers).status_code == 204
+
+
+def test_a_job_is_at_most_max_versions_per_job_versions(settings: Settings, alice: Key) -> None:
+    sent, mine = {"json": {"job": _owned_by(settings, alice)}}, alice.headers
+    bounded = settings.model_copy(update={"max_versions_per_job": 2})
+    with TestClient(create_app(bounded)) as client:
+        for index in range(2):
+            answer = client.post(f"{REGISTRY}/many-{index}/versions", **sent, headers=mine)
+            assert answer.status_code == 201, answer.text
+        third = client.post(f"{REGISTRY}/many-0/versions", **sent, headers=mine)
+        _refused(third, 409, "MAX_VERSIONS_PER_JOB (2)", "many-0/1", "many-1/1")
+        assert client.delete(f"{REGISTRY}/many-1/versions/1", headers=mine).status_code == 204
+        again = client.post(f"{REGISTRY}/many-0/versions", **sent, headers=mine)
+        assert (again.status_code, again.json()["version"]) == (201, 2)
