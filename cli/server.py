@@ -185,7 +185,10 @@ def api(
     """Serve the HTTP API; it refuses to start on an old schema (unless MIGRATE_ON_START)."""
     import uvicorn
 
-    uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
+    from api.connections import server_options
+
+    options = server_options(get_settings())
+    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, **options)
 
 
 def up(
