@@ -73,7 +73,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         (imports.is_import, imports.body_limit(settings)),
     )
     app.add_middleware(
-        BodyLimit, default=settings.max_request_bytes, by_path=uploads, by_test=infer_limit
+        BodyLimit,
+        default=settings.max_request_bytes,
+        by_path=uploads,
+        by_test=infer_limit,
+        idle_s=settings.body_timeout_seconds,
     )
     # Each middleware added wraps those before it: the edge runs before limits and bodies.
     ratelimit.install(app, settings)

@@ -72,6 +72,33 @@ class Settings(BaseSettings):
     rate_limit_submit_burst: int = Field(
         20, ge=1, le=10_000, description="Submits allowed at once before the rate applies."
     )
+    forwarded_allow_ips: str = Field(
+        "",
+        description="Proxies whose X-Forwarded-For and X-Forwarded-Proto the API trusts "
+        "(addresses or networks, comma-separated; * for any). Empty: none, so a caller's "
+        "address (its per-caller limits) is the connection's.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A connection whose request headers are not all in within this time is "
+        "closed.",
+    )
+    body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A request body that sends nothing for this long is refused (408) and its "
+        "connection closed.",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Open connections and requests of this API process; beyond, a new request "
+        "is 503.",
+    )
     stream_max_per_key: int = Field(
         8, ge=1, le=1000, description="Open event streams per API key (or client); beyond, 429."
     )
