@@ -82,8 +82,7 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         le=300,
-        description="A connection whose request headers are not all in within this time is "
-        "closed.",
+        description="A connection whose request headers are not all in within this time is closed.",
     )
     body_timeout_seconds: float = Field(
         30.0,
