@@ -20,7 +20,21 @@ from api.edge import answer, caller
 from api.schemas import API_PREFIX
 from core.settings import Settings
 
-SUBMIT_PATHS = frozenset(f"{API_PREFIX}/{part}" for part in ("jobs", "studies", "datasets"))
+# The POSTs that enqueue work or store uploads: each costs a worker's time or disk.
+SUBMIT_ROUTES = (
+    "/jobs",
+    "/jobs/{job_id}/retry",
+    "/studies",
+    "/datasets",
+    "/registry/{name}/versions/import",
+    "/registry/{name}/versions/{version}/exports",
+)
+SUBMIT_PATHS = frozenset(API_PREFIX + route for route in SUBMIT_ROUTES)  # as OpenAPI names them
+SUBMIT_PATH = re.compile(
+    "^(?:"
+    + "|".join(re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(path)) for path in SUBMIT_PATHS)
+    + ")$"
+)
 STREAM_PATH = re.compile(rf"^{re.escape(API_PREFIX)}/jobs/[^/]+/events$")
 STREAM_RETRY_AFTER_S = 5  # a stream slot frees when another stream ends: seconds to minutes
 MAX_BUCKETS = 10_000  # callers remembered; beyond, the full (idle) buckets are forgotten
@@ -57,7 +71,8 @@ class TokenBuckets:
 
 
 class SubmitLimit:
-    """ASGI middleware: POSTs that create jobs, studies or uploads, within each caller's rate."""
+    """ASGI middleware: POSTs that enqueue work (jobs, retries, studies, imports, exports)
+    or store uploads, within each caller's rate."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
@@ -70,7 +85,7 @@ class SubmitLimit:
             self.buckets is None
             or scope["type"] != "http"
             or scope["method"] != "POST"
-            or scope["path"] not in SUBMIT_PATHS
+            or not SUBMIT_PATH.match(scope["path"])
         ):
             await self.app(scope, receive, send)
             return

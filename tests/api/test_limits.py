@@ -70,6 +70,25 @@ def test_a_submit_flood_gets_429_with_retry_after_per_key(
     assert limited.get(f"{API}/studies/presets", headers=flooding).status_code == 200
 
 
+def test_retries_and_other_enqueuing_routes_share_the_submit_limit(
+    limited: TestClient, settings: Settings
+) -> None:
+    key = _bearer(make_key(settings.database_url, "admin"))  # the job has no owner
+    job = new_job(settings.database_url)
+    retries = []
+    for _ in range(4):  # each cycle puts the job back on the queue
+        assert limited.post(f"{API}/jobs/{job}/cancel", headers=key).status_code < 300
+        retries.append(limited.post(f"{API}/jobs/{job}/retry", headers=key).status_code)
+    assert retries == [202, 202, 202, 429]
+    # Imports and exports enqueue work too: they are refused before their bodies are read.
+    for path in ("registry/any/versions/import", "registry/any/versions/1/exports"):
+        refused = limited.post(f"{API}/{path}", headers=key, json={})
+        assert refused.status_code == 429, path
+        assert "Retry-After" in refused.headers
+    schema = limited.get("/openapi.json").json()["paths"]
+    assert "429" in schema[f"{API}/jobs/{{job_id}}/retry"]["post"]["responses"]
+
+
 def test_with_auth_off_submits_are_limited_per_client_address(settings: Settings) -> None:
     loose = settings.model_copy(
         update={
