@@ -37,4 +37,5 @@ EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/v1/healthz', timeout=4)"]
 
+# X-Forwarded-For is ignored unless FORWARDED_ALLOW_IPS names the proxy in front.
 CMD ["resnet-service", "api", "--host", "0.0.0.0", "--port", "8000"]
