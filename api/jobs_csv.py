@@ -1,4 +1,8 @@
-"""The job list as CSV: every job that passes the filters, read and sent a page at a time."""
+"""The job list as CSV: every job that passes the filters, read and sent a page at a time.
+
+Text cells that a spreadsheet would run as formulas (a name `=HYPERLINK(...)`) are quoted
+(`training.spreadsheets`); numbers are written as they are.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 from api import queries, search
 from core.db.session import session_scope
 from core.db.tables import Job
+from training.spreadsheets import text_cell
 
 COLUMNS = (
     *("id", "name", "kind", "status", "model", "dataset", "tags", "note"),
@@ -58,6 +63,9 @@ def row(job: Job, extra: Sequence[search.Field]) -> list[str]:
 
 
 def _cell(value: Any) -> str:
+    """A value as a cell: text that a spreadsheet would run as a formula is quoted."""
+    if isinstance(value, str):
+        return text_cell(value)
     if value is None:
         return ""
     if isinstance(value, bool):

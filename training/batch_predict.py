@@ -8,8 +8,9 @@ top-k's names, indices and probabilities and the whole probability vector. When 
 dataset's classes are the model's, `confusion.json` holds the confusion matrix (rows: true
 class, columns: predicted) and the result the top-1 and top-k errors.
 
-Every file is written under a temporary name and renamed once complete: a reader sees the
-whole file or none.
+A CSV text cell that a spreadsheet would run as a formula (a class folder `@SUM(1)`) is
+quoted (`training.spreadsheets`). Every file is written under a temporary name and renamed
+once complete: a reader sees the whole file or none.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from training.events import EventSink
 from training.predictor import Predictor
 from training.preprocess import Preprocessing
 from training.specs import DatasetSpec, ImageFolderSpec
+from training.spreadsheets import text_cell
 
 Format = Literal["csv", "jsonl"]
 FILES: dict[Format, str] = {"csv": "predictions.csv", "jsonl": "predictions.jsonl"}
@@ -158,7 +160,8 @@ class Rows:
             top_names = [self.classes[index] for index in top]
             if "csv" in self.handles:
                 pairs = [item for pair in zip(top_names, probs, strict=True) for item in pair]
-                self.csv.writerow([name, label, *(_short(item) for item in pairs)])
+                cells = [name, label, *pairs]
+                self.csv.writerow([_short(item) for item in cells])
             if "jsonl" in self.handles:
                 line = {
                     "file": name,
@@ -191,8 +194,9 @@ def _temp_of(target: Path) -> Path:
 
 
 def _short(item: str | float) -> str:
-    """A CSV cell: a class name as is, a probability to 6 significant digits."""
-    return item if isinstance(item, str) else f"{item:.6g}"
+    """A CSV cell: a name as text (quoted where a spreadsheet would run it as a formula), a
+    probability to 6 significant digits."""
+    return text_cell(item) if isinstance(item, str) else f"{item:.6g}"
 
 
 def write_json(path: Path, record: dict[str, Any]) -> Path:
