@@ -2,9 +2,9 @@
 
 A key belongs to its owner (the API key that sent it; none with auth off): the same
 Idempotency-Key from two API keys makes two rows. Jobs and studies keep it unique per
-owner. On Postgres concurrent submissions of one key take turns (a transaction lock on the
-key), so the later ones find the first's row; elsewhere a concurrent duplicate loses at
-commit.
+owner. Concurrent submissions of one key take turns (a transaction lock on the key:
+Postgres's advisory lock, SQLite's lock file), so the later ones find the first's row; a
+duplicate that still meets the unique index at commit answers with the row that won.
 """
 
 from __future__ import annotations
