@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
 DEFAULT_TIMEOUT_S = 30.0
 IMPORT_TIMEOUT_S = 600.0  # an import sends the file, then converts and checks it
+EXPORT_TIMEOUT_S = 1800.0  # the service's own limit of an export (EXPORT_TIMEOUT_S)
 RECONNECTS = 5  # a dropped event stream is resumed this many times in a row (Last-Event-ID)
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a job's, once it is over
 STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job ended
@@ -561,7 +562,8 @@ class Client:
         the eager net and stored by the service, or the one made before."""
         name, version = self.version_of(ref)
         path = f"/registry/{name}/versions/{version}/exports"
-        return cast(Export, self._json("POST", path, json={"format": format}))
+        answer = self._json("POST", path, json={"format": format}, timeout=EXPORT_TIMEOUT_S)
+        return cast(Export, answer)
 
     def exports(self, ref: str) -> list[Export]:
         """The exports made of a registered version."""

@@ -25,14 +25,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core import artifacts, model_registry
+from core.claims import Claims, claims
 from core.db.tables import ModelExport, ModelVersion
 from core.errors import NotFoundError
 from core.owners import Caller
 from core.settings import Settings
 from core.storage import check_key, store_for
-from training import export
+from training import export, exporter
 from training.checkpoints import CheckpointError, sha256_of
-from training.runs import load_trained_model
 
 EXPORTS = "exports"
 READ_CHUNK = 1024 * 1024
@@ -84,6 +84,10 @@ def get(
     return target, row
 
 
+class ExportsBusyError(Exception):
+    """Too many exports are being made for the caller's key now; try again later."""
+
+
 def create(
     *,
     session: Session,
@@ -96,26 +100,80 @@ def create(
     """The version's export in `fmt`, and whether it was made now: the stored one as is, or
     one made, checked and stored (the model's owner or an admin key).
 
+    The export runs in a process of its own (`training.exporter`), with no transaction
+    open: the session is committed before it and after its row is added. One export of a
+    version is made at a time, in any process: a second request waits for it, then finds
+    it; a key makes `EXPORTS_PER_KEY` at most at once (`ExportsBusyError` past that).
+
     `ExportMismatchError` when the export is farther from the eager net than the bound (it
-    is not kept); `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch."""
-    # The model's row stays locked while the export is made: a second request for the same
-    # export waits, then finds it.
-    target = model_registry.changeable_version(
-        session=session, name=name, version=version, caller=caller, action="export versions of"
-    )
+    is not kept); `ExportFailedError` when its process fails or runs out of time;
+    `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch."""
+    target = _exportable(session, name, version, caller)
     found = find(session=session, version_id=target.id, fmt=fmt)
     if found is not None:
         return found, False
+    session.commit()  # nothing is held while this request waits for its turn
+    with claims(settings.database_url) as held:
+        _take_turn(held, settings, caller, target)
+        target = _exportable(session, name, version, caller)  # deleted meanwhile: a 404
+        found = find(session=session, version_id=target.id, fmt=fmt)
+        if found is not None:
+            return found, False
+        session.commit()
+        row = _made(settings, target, fmt, caller)
+        try:
+            _exportable(session, name, version, caller)  # the model's row locked again
+        except NotFoundError:  # the version was deleted meanwhile, with its exports' files
+            delete_files(settings, target)
+            raise
+        session.add(row)
+        session.commit()  # before the turn ends: the next in line finds this row
+    session.refresh(row)  # as stored, as the next request reads it
+    return row, True
+
+
+def _exportable(session: Session, name: str, version: int, caller: Caller) -> ModelVersion:
+    return model_registry.changeable_version(
+        session=session, name=name, version=version, caller=caller, action="export versions of"
+    )
+
+
+def _take_turn(held: Claims, settings: Settings, caller: Caller, target: ModelVersion) -> None:
+    """One of the key's `exports_per_key` turns (`ExportsBusyError` if none is free), then
+    the version's turn, waiting for another export of it to end."""
+    slots = range(settings.exports_per_key)
+    if not any(held.take(f"export-key:{caller.owner}:{slot}") for slot in slots):
+        raise ExportsBusyError(
+            f"this key has {settings.exports_per_key} exports being made now "
+            f"(EXPORTS_PER_KEY); try again when one ends"
+        )
+    if not held.take(f"export-version:{target.id}", wait_s=settings.export_timeout_s):
+        raise ExportsBusyError(
+            f"another export of this version has taken over {settings.export_timeout_s:g} s; "
+            "try again later"
+        )
+
+
+def _made(
+    settings: Settings, target: ModelVersion, fmt: export.Format, caller: Caller
+) -> ModelExport:
+    """The version's export in `fmt`, made in a process of its own, checked and stored; its
+    row, not yet added."""
     checkpoint = artifacts.local_file(settings, target.path, target.sha256)
-    trained = load_trained_model(checkpoint, sha256=target.sha256)
-    model, info = trained.model, trained.info
     object_key = key(target.job_id, target.id, fmt)
     with tempfile.TemporaryDirectory(prefix="export-") as folder:
         path = Path(folder) / Path(object_key).name
-        checked = export.export_checked(model, info, fmt, path, trained.preprocessing)
+        checked = exporter.export_in_process(
+            checkpoint,
+            target.sha256,
+            fmt,
+            path,
+            timeout_s=settings.export_timeout_s,
+            tolerance=export.TOLERANCE,
+        )
         sha256, size = sha256_of(path), path.stat().st_size
         store_for(settings).put(object_key, path, sha256)
-    row = ModelExport(
+    return ModelExport(
         version_id=target.id,
         format=fmt,
         path=stored_path(settings, object_key),
@@ -126,9 +184,6 @@ def create(
         details=checked.details,
         owner_key_id=caller.owner,
     )
-    session.add(row)
-    session.flush()
-    return row, True
 
 
 def delete_files(settings: Settings, version: ModelVersion) -> int:

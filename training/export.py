@@ -58,10 +58,10 @@ CHECK_SEED = 0
 class ExportMismatchError(ValueError):
     """An export's probabilities are farther from the eager net's than `TOLERANCE`."""
 
-    def __init__(self, fmt: str, max_abs_diff: float) -> None:
+    def __init__(self, fmt: str, max_abs_diff: float, tolerance: float = TOLERANCE) -> None:
         super().__init__(
             f"the {fmt} export's probabilities differ from the eager net's by up to "
-            f"{max_abs_diff:.3g}, over the bound of {TOLERANCE:g}; it was not kept"
+            f"{max_abs_diff:.3g}, over the bound of {tolerance:g}; it was not kept"
         )
         self.max_abs_diff = max_abs_diff
 
@@ -189,9 +189,11 @@ def export_checked(
     fmt: Format,
     path: Path,
     preprocessing: Preprocessing | None = None,
+    tolerance: float = TOLERANCE,
 ) -> Checked:
     """Write `model`'s served net in `fmt` to `path`, load it back and compare its
-    probabilities with the eager net's; `ExportMismatchError` (file removed) if over the bound.
+    probabilities with the eager net's; `ExportMismatchError` (file removed) if over
+    `tolerance`.
 
     The checkpoint's declared preprocessing goes into `details` (and into an ONNX file's
     metadata, `preprocessing` and `classes` as JSON), so an export says how images become
@@ -204,9 +206,9 @@ def export_checked(
     if fmt == "onnx":
         _annotate(path, {"preprocessing": declared, "classes": list(info.classes)})
     difference = max_abs_diff(load(fmt, path), net, batch)
-    if not difference <= TOLERANCE:  # NaN too
+    if not difference <= tolerance:  # NaN too
         path.unlink(missing_ok=True)
-        raise ExportMismatchError(fmt, difference)
+        raise ExportMismatchError(fmt, difference, tolerance)
     details = {
         "softmax": True,
         "input": f"float32 (N, {info.channels}, {info.image_size[0]}, {info.image_size[1]}), "
@@ -223,4 +225,4 @@ def export_checked(
     }
     if fmt == "onnx":
         details |= {"opset": OPSET, "onnxruntime": onnxruntime.__version__}
-    return Checked(difference, TOLERANCE, details)
+    return Checked(difference, tolerance, details)

@@ -1,27 +1,35 @@
 """Downloads of checkpoints, and a registered version's exports: make, list, read, download.
 
-An export (ONNX, TorchScript, torch.export) is made in the request's worker thread (the
-event loop never waits for it; ResNet-20 takes seconds) and kept only when its
-probabilities are within `training.export.TOLERANCE` of the eager net's.
+An export (ONNX, TorchScript, torch.export) is made in a process of its own
+(`training.exporter`), which the request's worker thread waits for: the event loop, the
+zoo's counts and the API's memory never wait for or hold it (ResNet-20 takes seconds,
+ResNet-1202 minutes). It is kept only when its probabilities are within
+`training.export.TOLERANCE` of the eager net's.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from fastapi import APIRouter, Body, Path, Response, status
 from fastapi.responses import StreamingResponse
 
 from api.deps import ReadCaller, SessionDep, SettingsDep, TrainCaller
 from api.downloads import file_responses, opened, streamed
-from api.errors import STORE_UNAVAILABLE, ServerFaultError, StoreDownError, responses
-from api.schemas import API_PREFIX, ExportFormat, ExportIn, ExportOut
+from api.errors import (
+    STORE_UNAVAILABLE,
+    ApiError,
+    ServerFaultError,
+    StoreDownError,
+    responses,
+)
+from api.schemas import API_PREFIX, ErrorOut, ExportFormat, ExportIn, ExportOut
 from core import artifacts, exports, jobs, model_registry
 from core.db.tables import ModelExport
 from core.errors import ConflictError, NotFoundError
 from core.storage import StoreUnavailableError
-from training import export
+from training import export, exporter
 from training.checkpoints import CheckpointError
 
 router = APIRouter(prefix="/registry", tags=["registry"])
@@ -31,6 +39,17 @@ Version = Annotated[int, Path(ge=1, le=2**31 - 1)]
 Which = Annotated[
     str, Path(pattern=r"^(best|last|\d{1,9})$", description="best, last or a step number.")
 ]
+EXPORT_RETRY_AFTER_S = 10  # ResNet-20's export takes a few seconds
+
+
+class ExportsBusyError(ApiError):
+    """The key has as many exports being made as it may; the client retries later."""
+
+    status = 429
+    headers: ClassVar[dict[str, str]] = {"Retry-After": str(EXPORT_RETRY_AFTER_S)}
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="too_many_requests")
 
 
 @job_files.get(
@@ -77,6 +96,7 @@ def download_version_checkpoint(
     responses={
         200: {"model": ExportOut, "description": "The export made earlier, as it is"},
         **responses(401, 403, 404, 409, 422, 500, 503),
+        429: {"model": ErrorOut, "description": "too_many_requests (with Retry-After)"},
     },
 )
 def create_export(
@@ -92,7 +112,9 @@ def create_export(
     (8 seeded images; bound 1e-4), then store it (201); one made earlier is answered as is
     (200). 500 with the difference when over the bound: nothing is kept.
 
-    Only the model's owner (or an admin key) exports its versions (403)."""
+    One export of a version is made at a time: a request for one being made waits for it.
+    A key makes `EXPORTS_PER_KEY` at once (429 with Retry-After beyond). Only the model's
+    owner (or an admin key) exports its versions (403)."""
     try:
         row, made = exports.create(
             session=session,
@@ -102,8 +124,10 @@ def create_export(
             fmt=body.format,
             caller=caller,
         )
-    except export.ExportMismatchError as error:
+    except (export.ExportMismatchError, exporter.ExportFailedError) as error:
         raise ServerFaultError(str(error)) from error
+    except exports.ExportsBusyError as error:
+        raise ExportsBusyError(str(error)) from error
     except StoreUnavailableError as error:
         raise StoreDownError(f"{STORE_UNAVAILABLE} (nothing was exported)") from error
     except CheckpointError as error:
