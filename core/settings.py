@@ -133,12 +133,25 @@ class Settings(BaseSettings):
     max_study_jobs: int = Field(
         1000, ge=1, le=100_000, description="Most jobs (cells x seeds) one study may have."
     )
+    # Admission counts each net family (a net apart from its depth, on one data shape) on
+    # the meta device: about a second of API CPU each. The presets need at most 11.
+    max_study_net_families: int = Field(
+        16, ge=1, le=1000, description="Most net families one study's cells may have."
+    )
     max_versions_per_job: int = Field(
         20, ge=1, le=10_000, description="Most registered versions made of one job (409 beyond)."
     )
     max_upload_bytes: int = Field(512 * 1024**2, ge=1024, description="Dataset upload limit.")
     import_max_bytes: int = Field(
         1024**3, ge=1024, description="Largest weights file an import takes (413 beyond)."
+    )
+    # An export runs in a process of its own; ResNet-1202's ONNX export took 200 s on a busy
+    # CPU, ResNet-20's 3 s.
+    export_timeout_s: float = Field(
+        1800, gt=0, description="How long a version's export may run before it is stopped."
+    )
+    exports_per_key: int = Field(
+        2, ge=1, le=64, description="Exports a key makes at once (429 beyond); one per version."
     )
     # Admission budgets of a train job, checked on submission (422) and by the worker on
     # the real data; the defaults let the papers' nets through at the papers' recipes,
