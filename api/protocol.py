@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 HEADER_LENGTH = "inference-header-content-length"
 EXTENSIONS = ("classification", "binary_tensor_data")
 _ELEMENT_LENGTH = struct.Struct("<I")
+MAX_INT = 2**31 - 1  # the largest dimension or version number (the database's integer)
+
+Dimension = Annotated[int, Field(ge=1, le=MAX_INT)]
 
 
 class ProtocolError(ValueError):
@@ -36,7 +39,7 @@ class InputTensor(BaseModel):
     """One input: `INPUT` (UINT8 [N, H, W, C]) or `IMAGE_BYTES` (BYTES [N], encoded files)."""
 
     name: str = Field(max_length=64, examples=["IMAGE_BYTES"])
-    shape: list[int] = Field(max_length=8, examples=[[1]])
+    shape: list[Dimension] = Field(max_length=8, examples=[[1]])
     datatype: str = Field(max_length=16, examples=["BYTES"])
     parameters: TensorParameters | None = None
     data: Any = Field(
@@ -156,12 +159,14 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     """The JSON header of a request body and the binary data after it."""
     if header_length is None:
         return body, memoryview(b"")
-    if not header_length.isdigit() or int(header_length) > len(body):
+    # isdigit() passes "²", and int() refuses it or 4,300 digits and more.
+    digits = header_length.isascii() and header_length.isdigit() and len(header_length) < 20
+    length = int(header_length) if digits else -1
+    if not 0 <= length <= len(body):
         raise ProtocolError(
             f"Inference-Header-Content-Length {header_length!r} must be a byte count of at "
             f"most the body's {len(body):,} bytes"
         )
-    length = int(header_length)
     return body[:length], memoryview(body)[length:]
 
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from math import prod
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
@@ -60,7 +61,10 @@ PREFIX = router.prefix
 
 INPUT, IMAGE_BYTES, PROBABILITIES = "INPUT", "IMAGE_BYTES", "PROBABILITIES"
 PLATFORM = "pytorch"
+_T = TypeVar("_T")
 JSON_OVERHEAD = 64 * 1024  # the JSON header and the BYTES elements' lengths, generously
+INLINE_JSON = 64 * 1024  # a JSON header up to this size is parsed on the event loop
+JSON_SLACK = 1024  # JSON values beside a tensor's elements: names, shapes, parameters
 
 
 def body_limit(settings: Settings) -> int:
@@ -89,8 +93,10 @@ def model_ref(name: str, version: str | None) -> str:
     """The predict route's reference for a model name and an optional version."""
     if version is None:
         return name
-    if not version.isdigit():
-        raise InvalidError(f"version {version!r} must be a version number, e.g. 1")
+    if not (version.isascii() and version.isdigit() and 1 <= int(version) <= protocol.MAX_INT):
+        raise InvalidError(
+            f"version {version!r} must be a version number from 1 to {protocol.MAX_INT}, e.g. 1"
+        )
     if "@" in name:
         raise InvalidError(f"model {name!r} names an alias: give an alias or a version, not both")
     return f"{name}/{version}"
@@ -316,12 +322,14 @@ async def _answer(request: Request, call: Call) -> Response:
     body = await request.body()
     try:
         header, tail = protocol.split_body(body, request.headers.get(protocol.HEADER_LENGTH))
-        sent = InferRequest.model_validate_json(header)
-        raw = list(protocol.binary_inputs(sent, tail))
-    except ValidationError as error:
-        raise BadImageError(f"the inference request is malformed: {_first(error)}") from None
     except ProtocolError as error:
         raise BadImageError(str(error)) from None
+    # A large body is worked on in a thread (pydantic parses JSON without the GIL): the
+    # event loop serves other requests meanwhile.
+    offload = len(body) > INLINE_JSON
+    if len(header) > INLINE_JSON:  # a tensor in JSON: refused before a parse builds it
+        _check_values(call.settings, (await call.model()).info, header)
+    sent, raw = await _run(offload, _parsed, header, tail)
     if len(sent.inputs) != 1:
         names = ", ".join(repr(tensor.name) for tensor in sent.inputs)
         raise BadImageError(f"send one input, {INPUT} or {IMAGE_BYTES}; got {names}")
@@ -329,13 +337,49 @@ async def _answer(request: Request, call: Call) -> Response:
     wanted = _outputs(sent)
     count = _count(call.settings, tensor)
     if tensor.name == IMAGE_BYTES:
-        files = _files(tensor, data, count)
+        files = await _run(offload, _files, tensor, data, count)
         served, _, probabilities = await serving.classify_files(call, files, strict=True)
     else:
-        array = _uint8(tensor, data, count)
         served = await call.model()
-        probabilities = await call.forward(served, _fitted(array, served.info))
+        _check_fit(tensor, served.info)
+        array = await _run(offload, _uint8, tensor, data)
+        probabilities = await call.forward(served, array)
     return _response(sent, wanted, call.target, served, probabilities)
+
+
+async def _run(offload: bool, work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)`, in a thread if `offload`."""
+    return await run_in_threadpool(work, *args) if offload else work(*args)
+
+
+def _check_values(settings: Settings, info: DatasetInfo, header: bytes) -> None:
+    """413 for a JSON header with more values than the most images of the model's input.
+
+    Each array element or object member after a container's first follows a comma (and
+    base64 has none), so counting commas bounds what a parse would build, without one.
+    """
+    height, width = info.image_size
+    per_image = height * width * info.channels
+    most = settings.predict_max_files * per_image
+    values = header.count(b",") + 1
+    if values > most + JSON_SLACK:
+        raise TooLargeError(
+            f"the JSON body holds {values:,} values or more, past the {most:,} of "
+            f"{settings.predict_max_files} images of this model's [{height}, {width}, "
+            f"{info.channels}] input; send fewer images per request, or the tensor as "
+            "binary data"
+        )
+
+
+def _parsed(header: bytes, tail: memoryview) -> tuple[InferRequest, list[memoryview | None]]:
+    """The request's JSON header and each input's raw bytes (None: its data is in the JSON)."""
+    try:
+        sent = InferRequest.model_validate_json(header)
+        return sent, list(protocol.binary_inputs(sent, tail))
+    except ValidationError as error:
+        raise BadImageError(f"the inference request is malformed: {_first(error)}") from None
+    except ProtocolError as error:
+        raise BadImageError(str(error)) from None
 
 
 def _first(error: ValidationError) -> str:
@@ -356,10 +400,6 @@ def _count(settings: Settings, tensor: InputTensor) -> int:
         raise BadImageError(
             f"input {tensor.name!r} must be {datatype} of rank {rank}; got {tensor.datatype} "
             f"{tensor.shape}"
-        )
-    if any(size < 1 for size in tensor.shape):
-        raise BadImageError(
-            f"input {tensor.name!r}: every dimension of {tensor.shape} must be >= 1"
         )
     count = tensor.shape[0]
     if count > settings.predict_max_files:
@@ -405,8 +445,20 @@ def _base64_elements(tensor: InputTensor, count: int) -> list[bytes]:
         raise BadImageError(f"input {tensor.name!r}: data is not base64 ({error})") from None
 
 
-def _uint8(tensor: InputTensor, raw: memoryview | None, count: int) -> np.ndarray:
-    """A UINT8 input as an (N, H, W, C) array; its values must be bytes."""
+def _check_fit(tensor: InputTensor, info: DatasetInfo) -> None:
+    """An (N, H, W, C) input must have the model's input size (checked before its data)."""
+    height, width = info.image_size
+    if tuple(tensor.shape[1:]) != (height, width, info.channels):
+        raise BadImageError(
+            f"input {INPUT!r}: shape {tensor.shape} does not fit this model's "
+            f"[-1, {height}, {width}, {info.channels}]; send encoded files as {IMAGE_BYTES} to "
+            "have them resized"
+        )
+
+
+def _uint8(tensor: InputTensor, raw: memoryview | None) -> np.ndarray:
+    """A UINT8 (N, H, W, C) input as the model's uint8 (N, C, H, W); its values must be
+    bytes, as many as its shape says (counted before they are converted)."""
     shape = tuple(tensor.shape)
     if raw is not None:
         if len(raw) != prod(shape):
@@ -414,33 +466,33 @@ def _uint8(tensor: InputTensor, raw: memoryview | None, count: int) -> np.ndarra
                 f"input {tensor.name!r}: {len(raw):,} bytes of binary data for shape "
                 f"{list(shape)} ({prod(shape):,} expected)"
             )
-        return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
-    try:
-        values = np.asarray(tensor.data, dtype=np.int64).reshape(-1)
-    except (TypeError, ValueError, OverflowError):
+        array = np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+    else:
+        array = _json_uint8(tensor, shape)
+    return np.ascontiguousarray(array.transpose(0, 3, 1, 2))
+
+
+def _json_uint8(tensor: InputTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """A UINT8 input's JSON data, flat or nested as its shape, as an array of that shape."""
+    data = tensor.data
+    expected = f"input {tensor.name!r}: data must be {prod(shape):,} integers 0..255"
+    if not isinstance(data, list):
+        raise BadImageError(f"{expected} (or send them as binary data)")
+    nested = bool(data) and isinstance(data[0], list)
+    if len(data) != (shape[0] if nested else prod(shape)):
         raise BadImageError(
-            f"input {tensor.name!r}: data must be {prod(shape):,} integers 0..255"
-        ) from None
-    if values.size != prod(shape):
-        raise BadImageError(
-            f"input {tensor.name!r}: {values.size:,} elements for shape {list(shape)} "
-            f"({prod(shape):,} expected)"
+            f"{expected}, flat or nested as shape {list(shape)}; got {len(data):,} "
+            f"{'rows' if nested else 'elements'}"
         )
+    try:
+        values = np.asarray(data)
+    except (TypeError, ValueError, OverflowError):  # ragged, or an int past 64 bits
+        raise BadImageError(f"{expected}, nested as shape {list(shape)}") from None
+    if values.shape not in (shape, (prod(shape),)) or values.dtype.kind not in "iu":
+        raise BadImageError(f"{expected}, nested as shape {list(shape)}")
     if values.size and (values.min() < 0 or values.max() > 255):
         raise BadImageError(f"input {tensor.name!r}: UINT8 values must be 0..255")
     return values.astype(np.uint8).reshape(shape)
-
-
-def _fitted(array: np.ndarray, info: DatasetInfo) -> np.ndarray:
-    """An (N, H, W, C) input as the model's uint8 (N, C, H, W), if it has its size."""
-    height, width = info.image_size
-    if array.shape[1:] != (height, width, info.channels):
-        raise BadImageError(
-            f"input {INPUT!r}: shape {list(array.shape)} does not fit this model's "
-            f"[-1, {height}, {width}, {info.channels}]; send encoded files as {IMAGE_BYTES} to "
-            "have them resized"
-        )
-    return np.ascontiguousarray(array.transpose(0, 3, 1, 2))
 
 
 _Wanted = tuple[bool, int | None]  # binary, top-k classes
