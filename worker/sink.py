@@ -132,6 +132,7 @@ class DatabaseSink:
         self.store = store  # the object store checkpoints go to; None: the local folder is it
         self.budget = budget  # None: checkpoints are neither measured nor held to a budget
         self.checkpoint_bytes: int | None = None  # the last checkpoint's, once one is written
+        self.pruned_to_fit = False  # whether the budget made this run prune a checkpoint
         self.pending: list[jobs.Point] = []
         self.flushed_at = time.monotonic()
         self.non_finite: set[str] = set()
@@ -337,10 +338,15 @@ class DatabaseSink:
             self._prune(path)
             own -= freed
             pruned.append(path.name)
+        if self.pruned_to_fit:  # said once a run: later prunes are the same story
+            log.info("job %s: pruned %s to fit its budget", job_id, ", ".join(pruned))
+            return
+        self.pruned_to_fit = True
         self.on_event(
             "warning",
             f"pruned {', '.join(pruned)} (beyond recipe.keep_last if need be) to keep the "
-            f"owner's artifacts within {usage.SETTING} ({usage.mib(others.limit)})",
+            f"owner's artifacts within {usage.SETTING} ({usage.mib(others.limit)}); older "
+            "checkpoints go the same way as newer ones are written",
         )
 
     def _freed_by(self, path: Path) -> int:
