@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from api import queries, search
+from core import kinds
 from core.db.session import session_scope
 from core.db.tables import Job
 from training.spreadsheets import text_cell
@@ -58,8 +59,16 @@ def row(job: Job, extra: Sequence[search.Field]) -> list[str]:
     """One job's cells: tags joined by `;`, times in ISO form, missing values empty."""
     values: list[Any] = [getattr(job, _ATTRIBUTES.get(name, name)) for name in COLUMNS]
     values[COLUMNS.index("tags")] = ";".join(job.tags)
-    values += [field.read(job) for field in extra]
+    values += [_read(field, job) for field in extra]
     return [_cell(value) for value in values]
+
+
+def _read(field: search.Field, job: Job) -> Any:
+    """A field's value as clients read it: a server path in the spec or summary is left out."""
+    value = field.read(job)
+    if field.column is not None:
+        return value
+    return kinds.shown(job.kind, field.document or "spec", value, field.path)
 
 
 def _cell(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from api import search
 from core import resources, uploads, workers
 from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
-from core.kinds import KINDS
+from core.kinds import KINDS, shown
 from training.specs import Tag
 
 Scope = Literal["read", "train", "predict", "admin"]
@@ -150,7 +151,9 @@ class JobOut(JobItem):
     def of(cls, job: Job) -> JobOut:
         """The full view of a job row."""
         fields = _job_fields(job)
-        fields.update(spec=job.spec, summary=job.summary, updated_at=job.updated_at)
+        # Server file paths (a pinned checkpoint's) stay on the server.
+        spec, summary = shown(job.kind, "spec", job.spec), shown(job.kind, "summary", job.summary)
+        fields.update(spec=spec, summary=summary, updated_at=job.updated_at)
         fields.update(data=job.data, environment=job.environment)
         return cls.model_validate(fields)
 
@@ -382,14 +385,14 @@ class MetricsOut(BaseModel):
 
 
 class CheckpointOut(BaseModel):
-    """A checkpoint file of a job, with the sha256 it is verified against."""
-
-    model_config = ConfigDict(from_attributes=True)
+    """A checkpoint file of a job, with the sha256 it is verified against and where to
+    download it (where the server keeps it stays there)."""
 
     id: int
     step: int
     epoch: int
-    path: str
+    name: str = Field(examples=["step-440.pt"])
+    download: str = Field(examples=["/api/v1/jobs/3f2a.../checkpoints/440/file"])
     sha256: str
     bytes: int
     is_best: bool
@@ -399,7 +402,18 @@ class CheckpointOut(BaseModel):
     @classmethod
     def of(cls, row: Checkpoint) -> CheckpointOut:
         """The view of a checkpoint row."""
-        return cls.model_validate(row)
+        return cls(
+            id=row.id,
+            step=row.step,
+            epoch=row.epoch,
+            name=PurePosixPath(row.path).name,
+            download=f"{API_PREFIX}/jobs/{row.job_id}/checkpoints/{row.step}/file",
+            sha256=row.sha256,
+            bytes=row.bytes,
+            is_best=row.is_best,
+            metrics=row.metrics,
+            created_at=row.created_at,
+        )
 
 
 class ArtifactOut(BaseModel):

@@ -91,7 +91,8 @@ class Checkpoint(TypedDict):
     id: int
     step: int
     epoch: int
-    path: str
+    name: str
+    download: str
     sha256: str
     bytes: int
     is_best: bool

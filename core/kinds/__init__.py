@@ -38,6 +38,7 @@ __all__ = [
     "get",
     "imported",
     "predict",
+    "shown",
     "train",
 ]
 
@@ -59,6 +60,13 @@ def get(name: str) -> JobKind[Any]:
 def check_access(session: Session, settings: Settings, spec: KindSpec, caller: Caller) -> None:
     """On submission: `InvalidError` unless the caller may read all the job reads."""
     get(spec.kind).check(session, settings, spec, caller)
+
+
+def shown(kind: str, document: str, value: Any, at: tuple[str, ...] = ()) -> Any:
+    """The part `at` of a job's spec or summary as clients read it: without server paths
+    (an unknown kind's as stored)."""
+    found = KINDS.get(kind)
+    return value if found is None else found.shown(document, value, at)
 
 
 if TYPE_CHECKING:

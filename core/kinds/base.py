@@ -86,6 +86,29 @@ class JobKind(Generic[S]):
     # On submission: `InvalidError` unless the caller may read all the job reads (its
     # dataset's uploads, the model or job it starts from).
     check: Callable[[Session, Settings, S, Caller], None] = lambda *_: None
+    # Where its stored spec or summary holds a server's file path (a pinned checkpoint's):
+    # the worker reads it there, clients never see it (`shown`).
+    server_paths: tuple[tuple[str, ...], ...] = ()
+
+    def shown(self, document: str, value: Any, at: tuple[str, ...] = ()) -> Any:
+        """The part `at` of a job's `document` ("spec" or "summary"), `value`, as clients
+        read it: without the server paths that lie in it (a copy when it holds any)."""
+        for place in self.server_paths:
+            if place[0] != document or place[1 : len(at) + 1] != at:
+                continue
+            if len(place) == len(at) + 1:
+                return None  # `at` is a server path itself
+            value = _without(value, place[len(at) + 1 :])
+        return value
+
+
+def _without(value: Any, path: tuple[str, ...]) -> Any:
+    """`value` less the key at `path` (a copy of what lies on the way; as is if absent)."""
+    if not isinstance(value, dict) or path[0] not in value:
+        return value
+    if len(path) == 1:
+        return {key: item for key, item in value.items() if key != path[0]}
+    return {**value, path[0]: _without(value[path[0]], path[1:])}
 
 
 KINDS: dict[str, JobKind[Any]] = {}

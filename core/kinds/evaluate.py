@@ -138,7 +138,7 @@ def run(spec: EvaluateJobSpec, context: RunContext) -> dict[str, Any]:
     summary: dict[str, Any] = json_safe(
         {
             "source_job": str(spec.source_job),
-            "checkpoint": {"step": row.step, "path": row.path, "sha256": row.sha256},
+            "checkpoint": {"step": row.step, "name": Path(row.path).name, "sha256": row.sha256},
             "dataset": spec.dataset.name,
             "split": split,
             "final_test_error": test_error,
@@ -172,4 +172,5 @@ KIND = JobKind(
     record=record,
     run=run,
     check=check_access,
+    server_paths=(("summary", "checkpoint", "path"),),
 )

@@ -229,4 +229,5 @@ KIND = JobKind(
     record=record,
     run=run,
     check=check_access,
+    server_paths=(("spec", "resolved", "path"),),
 )

@@ -202,4 +202,5 @@ KIND = JobKind(
     run=run,
     net=net_of,
     check=check_access,
+    server_paths=(("spec", "init", "resolved", "path"),),
 )

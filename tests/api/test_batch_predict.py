@@ -130,7 +130,11 @@ def test_a_predict_job_writes_a_row_per_image_with_the_pinned_model(
     assert frame["prob_1"].dtype == "float64"
 
     # The served net's answer for the same images, in file order.
-    path = Path(pinned["path"])
+    assert "path" not in pinned  # the server's file stays on the server
+    with session_scope(settings.database_url) as session:
+        stored = session.get(Job, uuid.UUID(job["id"]))
+        assert stored is not None
+        path = Path(stored.spec["resolved"]["path"])
     predictor = Predictor(path, sha256=pinned["sha256"])
     split = load_dataset(SyntheticSpec.model_validate(SYNTHETIC), data_root=folder).test
     assert isinstance(split, TensorSplit)
