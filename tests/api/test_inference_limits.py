@@ -64,7 +64,7 @@ def http(live: str) -> Iterator[httpx.Client]:
         yield client
 
 
-def _tensor(shape: list[Any], data: list[Any] | None = None, **more: Any) -> dict[str, Any]:
+def _tensor(shape: list[Any], data: Any = None, **more: Any) -> dict[str, Any]:
     tensor = {"name": "INPUT", "shape": shape, "datatype": "UINT8", **more}
     if data is not None:
         tensor["data"] = data
@@ -95,8 +95,8 @@ def test_a_json_tensor_past_the_models_input_is_refused_before_it_is_parsed(
 ) -> None:
     """40 MB of JSON numbers (20 million values; the model takes 128 x 192), posted by
     another process: 413 without a parse, while /healthz answers and this process's memory
-    (it serves the API) barely grows. Parsed, a 40 MB body held the event loop 2.3 s and
-    grew the API's peak memory by 346 MB (8 million values)."""
+    (it serves the API) barely grows. Parsed on the event loop, this body kept /healthz
+    waiting 9.4 s and grew the peak memory by 804 MB (0.9 s and 78 MB refused)."""
     values = 20_000_000
     head = json.dumps(_tensor([1, 8, 8, 3]))[:-3].encode()  # up to the tensor's closing brace
     body = tmp_path / "body.json"
@@ -118,13 +118,13 @@ def test_a_json_tensor_past_the_models_input_is_refused_before_it_is_parsed(
             worst = max(worst, time.perf_counter() - sent)
             time.sleep(0.005)
     grown = _peak_rss_mb() - before
+    print(f"/healthz waited {worst:.2f} s at most; the peak memory grew {grown:.0f} MB")
     assert poster.stdout is not None
     status, _, text = poster.stdout.read().strip().partition(" ")
     assert status == "413", text
     assert json.loads(text) == {"error": json.loads(text)["error"]}
     assert f"values or more, past the {MAX_FILES * 192:,} of {MAX_FILES} images" in text
-    print(f"/healthz waited {worst:.2f} s at most; the peak memory grew {grown:.0f} MB")
-    # Parsing alone takes 4 s unloaded (20 s on a busy machine); reading the body, less.
+    # Generous: the machine the tests run on may be busy.
     assert worst < 3.0, f"/healthz waited {worst:.2f} s"
     assert grown < 200, f"the peak memory grew {grown:.0f} MB"
 
@@ -182,7 +182,7 @@ def test_out_of_range_integers_are_4xx(http: httpx.Client) -> None:
     assert ranked.json()["outputs"][0]["shape"] == [1, 10]  # every class
     header = json.dumps(_tensor([1, 8, 8, 3], pixels)).encode()
     for length in (b"\xb2", b"9" * 5000, str(huge).encode(), b"99999"):
-        sent = http.post(URL, content=header, headers={"Inference-Header-Content-Length": length})
+        sent = http.post(URL, content=header, headers={b"Inference-Header-Content-Length": length})
         _error(sent, 400, "nference-header-content-length" if length != b"99999" else "byte count")
     for version in ("99999999999999999999999", str(2**31), "0", "%C2%B2"):
         for path in ("/infer", "/ready", ""):
