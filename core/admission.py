@@ -9,7 +9,9 @@ then).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import models
@@ -96,6 +98,16 @@ def costs(spec: TrainSpec, shape: DataShape) -> Costs:
         iterations = total_iterations(recipe, per_epoch)
     macs = float(found.macs) * recipe.batch_size * (iterations or 0)
     return Costs(found.params, memory, macs, iterations)
+
+
+def family(spec: TrainSpec, shape: DataShape) -> Hashable:
+    """What `costs` counts once for nets of every depth: `models.estimate` counts a net from
+    nets of one and two units per stage, the same for each depth of a family (its stem,
+    block, unit, options and stages) on one data shape. A study's distinct families are
+    what its admission costs; its depths add nothing."""
+    arch = models.resolve(spec.model.name, **spec.model.options)
+    ones = dataclasses.replace(arch, layers=(1,) * len(arch.layers))
+    return (ones, shape.channels, shape.image_size, shape.num_classes)
 
 
 def check_train(spec: TrainSpec, shape: DataShape, settings: Settings) -> Costs:

@@ -67,13 +67,22 @@ def create(
     request: Request,
     max_jobs: int,
     max_attempts: int,
+    max_families: int | None = None,
     owner_key_id: uuid.UUID | None = None,
     idempotency_key: str | None = None,
 ) -> Study:
-    """Add the study and all its jobs, held (flushed, not committed); `release` them next."""
+    """Add the study and all its jobs, held (flushed, not committed); `release` them next.
+
+    `max_families` bounds the net families its cells may have (`grid.expand`)."""
     tags = list(request.tags)
     expanded = grid.expand(
-        request.base, request.grid, request.seeds, name=request.name, tags=tags, max_jobs=max_jobs
+        request.base,
+        request.grid,
+        request.seeds,
+        name=request.name,
+        tags=tags,
+        max_jobs=max_jobs,
+        max_families=max_families,
     )
     preset = presets.get(request.preset) if request.preset else None
     study = Study(
