@@ -44,6 +44,7 @@ from api.serving import HotRoute
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
+from core.uploads import sweep_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,8 @@ class Serving(TypedDict):
 async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     """Check (or migrate) the schema before serving; describe the zoo in the background."""
     await run_in_threadpool(_prepare_schema, app.state.settings)
+    # What uploads of a killed API process left (a temporary archive, a partial unpack).
+    await run_in_threadpool(sweep_temporaries, app.state.settings)
     model_cache = _model_cache(app.state.settings, app.state.telemetry.models.batch)
     stop = threading.Event()
     warm_up = threading.Thread(target=_warm_up, args=(stop,), name="zoo-warm-up")
