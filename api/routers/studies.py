@@ -4,7 +4,7 @@ results per cell beside the papers' numbers, as JSON, CSV, Markdown and curves."
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Response, status
 from sqlalchemy import select
@@ -27,6 +27,7 @@ from api.schemas import (
 )
 from core import artifacts
 from core.db.tables import Job, Study
+from core.kinds import train
 from core.queue import enqueue_committed
 from core.settings import Settings
 from core.studies import grid, presets, results, service
@@ -84,10 +85,11 @@ def submit(
             request=_request(body),
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
-            max_families=settings.max_study_net_families,
             owner_key_id=owner,
             idempotency_key=idempotency_key,
         )
+        # Its jobs read only what the caller may (the uploads their dataset reaches).
+        train.check_stored(session, settings, _job_specs(session, study.id), caller)
         study.spec = {**study.spec, "request": body.model_dump(mode="json")}
         released = service.release(session=session, study_id=study.id)
         found = idempotency.commit_or_earlier(session, Study, idempotency_key, owner)
@@ -99,6 +101,11 @@ def submit(
     return _study_out(session, found)
 
 
+def _job_specs(session: Session, study_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The stored specs of a study's jobs."""
+    return list(session.scalars(select(Job.spec).where(Job.study_id == study_id)))
+
+
 def _preview(request: service.Request, settings: Settings) -> StudyPreview:
     """What a request would make: its cells (with the papers' numbers) and its jobs."""
     expanded = grid.expand(
@@ -108,7 +115,6 @@ def _preview(request: service.Request, settings: Settings) -> StudyPreview:
         name=request.name,
         tags=list(request.tags),
         max_jobs=settings.max_study_jobs,
-        max_families=settings.max_study_net_families,
     )
     preset = presets.get(request.preset) if request.preset else None
     return StudyPreview(

@@ -7,10 +7,12 @@ the worker fetches that checkpoint (verified by its sha256) and trains from it.
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
 import models
@@ -25,7 +27,7 @@ from core.settings import Settings, get_settings
 from training import finetune, runs
 from training.data import LoadedDataset
 from training.recipe import total_iterations
-from training.specs import ModelSpec, PinnedInit, TrainSpec
+from training.specs import DatasetSpec, ModelSpec, PinnedInit, TrainSpec
 
 
 class TrainJobSpec(TrainSpec):
@@ -74,6 +76,27 @@ def check_access(session: Session, settings: Settings, spec: TrainJobSpec, calle
     reads.check_dataset(session, settings, spec.dataset, caller)
     if spec.init is not None:
         resolve_init(session, spec.init.source, caller)
+
+
+def check_stored(
+    session: Session, settings: Settings, specs: Iterable[dict[str, Any]], caller: Caller
+) -> None:
+    """`check_access` for train specs as stored (a study's jobs), once per distinct dataset
+    and init source."""
+    seen: set[str] = set()
+    for spec in specs:
+        init = spec.get("init") or {}
+        key = json.dumps([spec.get("dataset"), init.get("source")], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        dataset = _DATASET.validate_python(spec.get("dataset"))
+        reads.check_dataset(session, settings, dataset, caller)
+        if init.get("source") is not None:
+            resolve_init(session, init["source"], caller)
+
+
+_DATASET: TypeAdapter[DatasetSpec] = TypeAdapter(DatasetSpec)
 
 
 def net_of(stored: dict[str, Any]) -> tuple[ModelSpec, int]:

@@ -196,3 +196,18 @@ def test_the_owners_prediction_on_a_respelled_path_reads_its_files(
     rows = list(csv.DictReader((folder / "predictions.csv").open()))
     assert summary["images"] == len(rows) == 2  # the test split: one image of each class
     assert {row["label"] for row in rows} == set(SECRET)
+
+
+def test_a_study_of_anothers_upload_or_of_the_uploads_folder_is_refused(
+    strict: TestClient, settings: Settings, queue: redis.Redis, upload: str, alice: Key, bob: Key
+) -> None:
+    def study(path: str) -> dict[str, Any]:
+        dataset = {"name": "imagefolder", "path": path, "image_size": 8, "validation": 0}
+        base = {"model": {"name": "resnet8"}, "dataset": dataset, "recipe": {"iterations": 2}}
+        return {"base": base, "grid": {"model.name": ["plain8", "resnet8"]}, "seeds": 1}
+
+    for path, words in ((f"uploads//{upload}", "does not exist"), ("./uploads", "uploads folder")):
+        _refused(strict.post("/api/v1/studies", json=study(path), headers=bob.headers), 422, words)
+    assert strict.get("/api/v1/studies", headers=bob.headers).json() == []
+    mine = strict.post("/api/v1/studies", json=study(f"uploads/./{upload}"), headers=alice.headers)
+    assert mine.status_code == 202, mine.text
