@@ -85,6 +85,7 @@ def submit(
             request=_request(body),
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
+            max_families=settings.max_study_net_families,
             owner_key_id=owner,
             idempotency_key=idempotency_key,
         )
@@ -115,6 +116,7 @@ def _preview(request: service.Request, settings: Settings) -> StudyPreview:
         name=request.name,
         tags=list(request.tags),
         max_jobs=settings.max_study_jobs,
+        max_families=settings.max_study_net_families,
     )
     preset = presets.get(request.preset) if request.preset else None
     return StudyPreview(
