@@ -94,7 +94,9 @@ def test_a_study_over_the_size_limit_is_a_422(client: TestClient) -> None:
     body = {"base": BASE, "grid": {"recipe.lr": [0.1 / (i + 1) for i in range(101)]}}
     response = client.post(STUDIES, json={**body, "seeds": 10})
     assert response.status_code == 422
-    assert "101 cells x 10 seeds = 1010 jobs, over the limit of 1000" in response.text
+    assert "101 cells (101 axis values) x 10 seeds = 1010 jobs, over the limit of 1000" in (
+        response.text
+    )
 
 
 @pytest.mark.parametrize(
