@@ -81,6 +81,23 @@ def install(app: FastAPI, settings: Settings, checked: TtlCache[str, Principal])
     app.add_middleware(InputGuard)
     app.add_middleware(HostGuard, settings=settings)
     app.add_middleware(PublicErrors, settings=settings)
+    schema = app.openapi
+
+    def documented() -> dict[str, Any]:
+        """The schema, with the 400 that InputGuard may answer on every operation."""
+        described = schema()
+        for operations in described.get("paths", {}).values():
+            for operation in operations.values():
+                operation.setdefault("responses", {}).setdefault("400", _BAD_REQUEST)
+        return described
+
+    app.openapi = documented  # type: ignore[method-assign]
+
+
+_BAD_REQUEST = {
+    "description": "bad_request (a control character in the URL, a malformed numeric header)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+}
 
 
 # --- hosts and origins ----------------------------------------------------------------
