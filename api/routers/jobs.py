@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse
-from pydantic import GetCoreSchemaHandler, TypeAdapter, ValidationError
-from pydantic_core import CoreSchema, core_schema
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api import idempotency, jobs_csv, queries
 from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
@@ -47,42 +47,31 @@ from core.studies import service as studies
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-class Unvalidated:
-    """A body documented as `shape` but handed to the route as the JSON sent: the route
-    validates it in its worker thread, where the event loop does not wait for it."""
-
-    def __init__(self, shape: Any) -> None:
-        self.shape = shape
-
-    def __get_pydantic_core_schema__(
-        self, _source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        documented = handler.generate_schema(self.shape)
-        schema_of = [lambda _schema, to_json: to_json(documented)]
-        return core_schema.any_schema(metadata={"pydantic_js_annotation_functions": schema_of})
-
-
-# A train spec's validation counts its net's costs for the admission budgets: up to
-# seconds for a net not counted yet, and it waits while the zoo counts another.
+# A train spec's validation counts its net's costs for the admission budgets (seconds for
+# a net not counted yet, waiting while the zoo counts another), and the framework
+# validates a body on the event loop. This dependency, solved before the body, validates
+# it in a worker thread first: the loop's validation then finds the counts cached.
 _JOB_SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
 
 
-def _validated(body: Any) -> JobSpec:
-    """`body` as a job spec, or the 422 the framework answers for a body it validates."""
+async def _counted_off_the_loop(request: Request) -> None:
     try:
-        return _JOB_SPEC.validate_python(body)
-    except ValidationError as error:
-        problems = [
-            {**problem, "loc": ("body", *problem["loc"])}
-            for problem in error.errors(include_url=False)
-        ]
-        raise RequestValidationError(problems, body=body) from None
+        body = await request.json()
+    except ValueError:
+        return  # the framework answers it
+    await run_in_threadpool(_count, body)
+
+
+def _count(body: Any) -> None:
+    with contextlib.suppress(ValidationError):
+        _JOB_SPEC.validate_python(body)
 
 
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Submit a job (train, evaluate, ...: see /jobs/kinds)",
+    dependencies=[Depends(_counted_off_the_loop)],
     responses={
         200: {
             "model": JobOut,
@@ -92,7 +81,7 @@ def _validated(body: Any) -> JobSpec:
     },
 )
 def submit(
-    body: Annotated[Any, Unvalidated(JobSpec), Body()],
+    spec: Annotated[JobSpec, Body()],
     session: SessionDep,
     settings: SettingsDep,
     caller: TrainCaller,
@@ -101,7 +90,6 @@ def submit(
 ) -> JobOut:
     """Validate, commit the queued job (owned by the caller's key), then put its id on the
     train queue (202)."""
-    spec = _validated(body)
     owner = caller.owner
     _check_source(session, settings, spec, caller)
     found = idempotency.earlier(session, Job, idempotency_key, owner)
