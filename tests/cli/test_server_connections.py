@@ -94,11 +94,11 @@ def _held_for(connections: list[socket.socket], limit_s: float) -> list[float]:
             selector.register(conn, selectors.EVENT_READ)
         while len(held) < len(connections) and time.monotonic() - started < limit_s:
             for ready, _ in selector.select(timeout=0.5):
-                conn = ready.fileobj
-                assert isinstance(conn, socket.socket)
-                if conn.recv(4096) == b"":
-                    held[conn] = time.monotonic() - started
-                    selector.unregister(conn)
+                closing = ready.fileobj
+                assert isinstance(closing, socket.socket)
+                if closing.recv(4096) == b"":
+                    held[closing] = time.monotonic() - started
+                    selector.unregister(closing)
     return [held.get(conn, limit_s) for conn in connections]
 
 
