@@ -120,10 +120,10 @@ def _nests_past(value: Any, limit: int) -> bool:
     stack = [(value, 0)]
     while stack:
         node, level = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
         if isinstance(node, dict | list):
             if level >= limit:
                 return True
+            children = node.values() if isinstance(node, dict) else node
             stack.extend((child, level + 1) for child in children)
     return False
 
