@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import tarfile
+import tracemalloc
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +23,15 @@ from core.db.session import session_scope
 from core.db.tables import Upload
 from core.settings import Settings
 from tests.api.helpers import make_key
-from training.datasets.archives import ArchiveLimitError, Entry, Limits, _write
+from training.datasets.archives import (
+    MAX_HEADER_BYTES,
+    ArchiveLimitError,
+    Entry,
+    Limits,
+    _write,
+    check_zip_index,
+    unpack_archive,
+)
 
 DATASETS = "/api/v1/datasets"
 UPLOADS = f"{DATASETS}/uploads"
@@ -31,13 +41,13 @@ KIB = 1024
 @pytest.fixture(scope="module")
 def settings(settings: Settings) -> Settings:
     """Small limits, so that tests stay small: 40 KiB unpacked, ratio 20, quota 100 KiB on
-    disk (two 20 KiB uploads take 40 KiB each in 4 KiB blocks) and 50 files."""
+    disk (two 20 KiB uploads take 40 KiB each in 4 KiB blocks) and 10 files."""
     return settings.model_copy(
         update={
             "upload_max_unpacked_bytes": 40 * KIB,
             "upload_max_ratio": 20.0,
             "upload_quota_bytes": 100 * KIB,
-            "upload_quota_files": 50,
+            "upload_quota_files": 10,
         }
     )
 
@@ -190,3 +200,80 @@ def test_an_upload_a_queued_job_reads_is_kept_until_the_job_ends(
     bad = client.delete(f"{UPLOADS}/..%2F..%2Fetc")
     assert bad.status_code in (404, 422)
     assert client.delete(f"{UPLOADS}/{'z' * 64}").status_code == 422
+
+
+def test_many_tiny_files_count_the_blocks_they_take_and_the_files_quota(
+    client: TestClient, settings: Settings
+) -> None:
+    tiny = _zip({f"tiny/{'ab'[i % 2]}/{i}.png": b"x" for i in range(5)})
+    kept = _post(client, "tiny.zip", tiny)
+    assert kept["status"] == 201, kept
+    tree = settings.data_dir / kept["path"]
+    assert (kept["bytes"], kept["files"]) == uploads.on_disk(tree)
+    assert kept["bytes"] >= (5 + 4) * 4 * KIB  # a block a file and folder, not a byte a file
+
+    many = _zip({f"many/a/{i}.png": b"x" for i in range(8)})  # 5 + 8 > 10 files
+    refused = _post(client, "many.zip", many)
+    assert refused["status"] == 413, refused
+    assert "files left of the upload file quota" in refused["error"]["message"]
+    assert "UPLOAD_QUOTA_FILES 10" in refused["error"]["message"]
+    assert [item["path"] for item in client.get(UPLOADS).json()] == [kept["path"]]
+
+
+def _tar_gz(members: list[tarfile.TarInfo]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as archive:
+        for member in members:
+            archive.addfile(member)
+    return buffer.getvalue()
+
+
+def _member(name: str, **pax: str) -> tarfile.TarInfo:
+    member = tarfile.TarInfo(name)
+    member.pax_headers = pax
+    return member
+
+
+def test_a_tar_header_of_megabytes_is_refused_before_it_is_read(
+    client: TestClient, settings: Settings, tmp_path: Path
+) -> None:
+    bomb = _tar_gz([_member("a/1.png", comment="x" * 20 * 2**20)])  # 20 MiB in 20 KiB
+    files = {"file": ("bomb.tar.gz", bomb, "application/gzip")}
+    answer = client.post(DATASETS, files=files).json()
+    assert "extended header" in answer["error"]["message"], answer
+    assert f"more than {MAX_HEADER_BYTES}" in answer["error"]["message"]
+    assert not list(uploads.folder(settings).iterdir())
+
+    path = tmp_path / "bomb.tar.gz"
+    path.write_bytes(bomb)
+    tracemalloc.start()
+    with pytest.raises(ArchiveLimitError, match="extended header"):
+        unpack_archive(path, tmp_path / "cache")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 * 2**20  # tarfile would have held the whole 20 MiB header
+
+
+def test_a_tar_of_too_many_entries_is_refused_as_they_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "many.tar.gz"
+    path.write_bytes(_tar_gz([_member(f"a/{i}.png") for i in range(30)]))
+    with pytest.raises(ArchiveLimitError, match="more than 10 entries"):
+        unpack_archive(path, tmp_path / "cache", max_entries=10)
+    assert unpack_archive(path, tmp_path / "cache", max_entries=30).is_dir()
+
+
+def test_a_zip_listing_too_many_entries_is_refused_before_its_directory_is_loaded(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "many.zip"
+    path.write_bytes(_zip({f"a/{i}.png": b"" for i in range(5)}))
+    with pytest.raises(ArchiveLimitError, match="5 entries, more than 4"):
+        check_zip_index(path, 4)  # from the end record's count
+    check_zip_index(path, 5)
+    # An end record that understates its count: the directory's headers are counted.
+    data = bytearray(path.read_bytes())
+    end = data.rindex(b"PK\x05\x06")
+    data[end + 8 : end + 12] = (1).to_bytes(2, "little") * 2
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArchiveLimitError, match="more than 4 entries"):
+        check_zip_index(path, 4)
