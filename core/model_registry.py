@@ -23,7 +23,8 @@ from core.owners import ANYONE, Caller, check_owner, check_visible
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 ALIAS = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-_REF = re.compile(rf"(?P<name>{NAME.pattern})(?:/(?P<version>\d+)|@(?P<alias>{ALIAS.pattern}))?")
+MAX_VERSION = 2**31 - 1  # a version is a 32-bit integer column
+_REF = re.compile(rf"(?P<name>{NAME.pattern})(?:/(?P<version>[0-9]+)|@(?P<alias>{ALIAS.pattern}))?")
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,8 @@ def _lock(session: Session, model_id: int) -> None:
 
 def _version(session: Session, name: str, version: int) -> ModelVersion:
     model = get_model(session=session, name=name)
+    if not 0 < version <= MAX_VERSION:  # past the column's integer: no such version
+        raise NotFoundError(f"model {name!r} has no version {version}")
     row = session.scalar(
         select(ModelVersion).where(
             ModelVersion.model_id == model.id, ModelVersion.version == version

@@ -26,7 +26,14 @@ PATH_VALUES = [
     b"-99999999999999999999",
     b"%C2%B2",  # superscript two: str.isdigit() says True, int() refuses it
 ]
-QUERY_VALUES = [b"a%00b", b"%0A", b"99999999999999999999", b"%D9%A1"]  # Arabic-Indic one
+QUERY_VALUES = [
+    b"a%00b",
+    b"%0A",
+    b"99999999999999999999",
+    b"%D9%A1",  # Arabic-Indic one
+    b"x/99999999999999999999",  # a model reference's version past the database's integer
+    b"x/%D9%A1",
+]
 # Headers with values that are not what their readers expect; latin-1 bytes as sent.
 HEADERS = [
     b"Last-Event-ID: \xb2",

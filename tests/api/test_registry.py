@@ -128,3 +128,15 @@ def test_scopes(anonymous: TestClient, settings: Settings, job_id: uuid.UUID) ->
     assert refused.status_code == 403
     assert "'train' scope" in refused.json()["error"]["message"]
     assert anonymous.get("/api/v1/registry", headers=reader).status_code == 200
+
+
+@pytest.mark.parametrize("version", ["99999999999999999999", "2147483648", "\u0661"])
+def test_a_reference_past_any_version_is_a_4xx(
+    client: TestClient, job_id: uuid.UUID, version: str
+) -> None:
+    made = client.post("/api/v1/registry/far-net/versions", json={"job": str(job_id)})
+    assert made.status_code in (200, 201), made.text
+    spec = {"kind": "predict", "model": f"far-net/{version}", "dataset": {"name": "digits"}}
+    answer = client.post("/api/v1/jobs", json=spec)
+    assert answer.status_code == 422, answer.text
+    assert "far-net" in answer.json()["error"]["message"]
