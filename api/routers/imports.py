@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from training import weights
 router = APIRouter(prefix="/registry", tags=["registry"])
 PATH = "/{name}/versions/import"
 FORM_BYTES = 2**20  # the form's fields and framing beside the file
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab and line breaks pass
 Text = Annotated[str | None, Form()]
 
 
@@ -110,7 +112,7 @@ def _converted(
         raise InvalidError("architecture is needed, e.g. resnet18", field=("body", "architecture"))
     root = artifacts.root(settings)
     root.mkdir(parents=True, exist_ok=True)
-    file_name = Path(file.filename or "weights").name[:200] or "weights"
+    file_name = _CONTROL.sub("", Path(file.filename or "weights").name)[:200] or "weights"
     with tempfile.TemporaryDirectory(prefix=".import-", dir=root) as folder:
         path = Path(folder) / "weights"
         try:
@@ -118,6 +120,26 @@ def _converted(
         except imports.TooLargeFileError as error:
             raise TooLargeError(error.message) from None
         return imports.convert_file(path, request, file_name=file_name, sha256=sha256)
+
+
+def _check_plain(field: str, value: Any) -> None:
+    """422 when a form field's text (or any string in its JSON) holds a control character:
+    the database keeps no NUL, and no name or class needs one."""
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise InvalidError(
+            f"{field} contains a control character (such as NUL); remove it",
+            field=("body", field),
+        )
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        _check_plain(field, key)
+        _check_plain(field, item)
 
 
 def _json(field: str, text: str | None) -> Any:
@@ -133,6 +155,8 @@ def _json(field: str, text: str | None) -> Any:
 def _form(**fields: Any) -> ImportIn:
     """The form's fields validated, or 422 in the shape of every other validation error."""
     given = {key: value for key, value in fields.items() if value is not None}
+    for key, value in given.items():
+        _check_plain(key, value)
     try:
         return ImportIn.model_validate(given)
     except ValidationError as error:

@@ -314,3 +314,21 @@ def test_an_imported_version_is_fine_tuned_by_a_train_job(
     )
     assert torch.equal(saved["model"]["conv1.weight"], pretrained.state_dict()["conv1.weight"])
     assert saved["model"]["fc.weight"].shape[0] == 4  # a new head for four classes
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("classes", ["cat\x00", "dog"]),
+        ("options", {"unit\x00": "original"}),
+        ("format", "au\x01to"),
+    ],
+)
+def test_a_control_character_in_a_form_field_is_a_422_naming_it(
+    client: TestClient, resnet18_file: Path, field: str, value: Any
+) -> None:
+    fields = {"architecture": "resnet18", field: value}
+    status, body = imported(client, "nul-net", resnet18_file, **fields)
+    assert status == 422, body
+    assert f"{field} contains a control character" in body["error"]["message"]
+    assert body["error"]["details"][0]["loc"] == ["body", field]
