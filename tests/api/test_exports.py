@@ -15,11 +15,12 @@ import onnx
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from api.app import create_app
 from core import artifacts, storage
 from core.db.session import session_scope
-from core.db.tables import ModelExport
+from core.db.tables import Checkpoint, ModelExport
 from core.settings import Settings
 from tests.api.helpers import make_key, trained_job
 from tests.services import free_port, on_bucket
@@ -76,10 +77,15 @@ def test_a_jobs_checkpoints_download_as_stored(
 ) -> None:
     listed = client.get(f"/api/v1/jobs/{job_id}/checkpoints").json()
     by_step = {row["step"]: row for row in listed}
+    with session_scope(settings.database_url) as session:
+        stored = {
+            row.step: Path(row.path)
+            for row in session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id))
+        }
     for which, step in (("best", 2), ("last", 2), ("1", 1)):
         answer = client.get(f"/api/v1/jobs/{job_id}/checkpoints/{which}/file")
         body = _checked_download(answer, by_step[step]["sha256"])
-        assert body == Path(by_step[step]["path"]).read_bytes()
+        assert body == stored[step].read_bytes()
         assert f"step-{step}.pt" in answer.headers["content-disposition"]
     missing = client.get(f"/api/v1/jobs/{job_id}/checkpoints/7/file")
     assert missing.status_code == 404
