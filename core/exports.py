@@ -24,7 +24,7 @@ from typing import BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import artifacts, model_registry
+from core import artifacts, model_registry, usage
 from core.claims import Claims, claims
 from core.db.tables import ModelExport, ModelVersion
 from core.errors import NotFoundError
@@ -107,11 +107,13 @@ def create(
 
     `ExportMismatchError` when the export is farther from the eager net than the bound (it
     is not kept); `ExportFailedError` when its process fails or runs out of time;
-    `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch."""
+    `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch;
+    `InvalidError` for a new export when the caller keeps its whole artifact budget."""
     target = _exportable(session, name, version, caller)
     found = find(session=session, version_id=target.id, fmt=fmt)
     if found is not None:
         return found, False
+    usage.check_room(session=session, settings=settings, spec=None, owner=caller.owner)
     session.commit()  # nothing is held while this request waits for its turn
     with claims(settings.database_url) as held:
         _take_turn(held, settings, caller, target)

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from api.app import create_app
 from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
@@ -103,3 +104,28 @@ def test_usage_is_the_bytes_stored_per_owner_exports_included(
     refused = fresh.post("/api/v1/jobs", json=_train(keep_last=3))
     assert refused.status_code == 422, refused.text
     assert f"this owner keeps {after['bytes'] / MIB:,.2f} MiB" in refused.json()["error"]["message"]
+
+
+def test_a_new_export_is_refused_once_its_owner_keeps_the_whole_budget(
+    fresh: TestClient, settings: Settings
+) -> None:
+    owner = fresh.get("/api/v1/usage").json()["owner"]
+    job_id = trained_job(settings)
+    with session_scope(settings.database_url) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(owner_key_id=uuid.UUID(owner)))
+    name = f"full-{job_id.hex[:8]}"
+    assert fresh.post(f"/api/v1/registry/{name}/versions", json={"job": str(job_id)}).is_success
+    exports = f"/api/v1/registry/{name}/versions/1/exports"
+    assert fresh.post(exports, json={"format": "torchscript"}).status_code == 201
+
+    tight = settings.model_copy(update={"max_artifact_bytes_per_owner": MIB})  # below one job
+    key = fresh.headers["Authorization"]
+    with TestClient(create_app(tight), headers={"Authorization": key}) as full:
+        refused = full.post(exports, json={"format": "onnx"})
+        assert refused.status_code == 422, refused.text
+        assert "no room is left" in refused.json()["error"]["message"]
+        assert "MAX_ARTIFACT_BYTES_PER_OWNER is 1.00 MiB" in refused.json()["error"]["message"]
+        # What is stored is still answered as it is.
+        assert full.post(exports, json={"format": "torchscript"}).status_code == 200
+        formats = [row["format"] for row in full.get(exports).json()]
+    assert formats == ["torchscript"]
