@@ -185,7 +185,7 @@ def api(
     """Serve the HTTP API; it refuses to start on an old schema (unless MIGRATE_ON_START)."""
     import uvicorn
 
-    from api.connections import server_options
+    from cli.connections import server_options
 
     options = server_options(get_settings())
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, **options)

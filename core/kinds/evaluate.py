@@ -16,8 +16,8 @@ from core import admission, artifacts, resources
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
-from core.kinds import reads
 from core.kinds.base import KINDS, JobKind, RowFacts, RunContext
+from core.kinds.reads import check_dataset
 from core.owners import Caller
 from core.resources import ResourcesSpec
 from core.settings import Settings, get_settings
@@ -84,7 +84,7 @@ def check_access(
             f"source_job {spec.source_job} is not a train job of this service",
             field=("body", "source_job"),
         )
-    reads.check_dataset(session, settings, spec.dataset, caller)
+    check_dataset(session, settings, spec.dataset, caller)
 
 
 def facts_of(source: Job, dataset: DatasetSpec) -> RowFacts:

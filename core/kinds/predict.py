@@ -23,9 +23,9 @@ import models
 from core import admission, artifacts, model_registry, resources
 from core.db.tables import Job
 from core.errors import ConflictError, InvalidError, NotFoundError
-from core.kinds import reads
 from core.kinds.base import JobKind, RowFacts, RunContext
 from core.kinds.evaluate import facts_of
+from core.kinds.reads import check_dataset
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
 from core.settings import Settings
@@ -102,7 +102,7 @@ def check_access(
 ) -> None:
     """A 422 unless the caller may read the model and the dataset the spec names."""
     resolve_model(session, spec.model, caller)
-    reads.check_dataset(session, settings, spec.dataset, caller)
+    check_dataset(session, settings, spec.dataset, caller)
 
 
 def record(session: Session, spec: PredictJobSpec) -> RowFacts:

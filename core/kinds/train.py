@@ -19,8 +19,8 @@ import models
 from core import admission, artifacts, model_registry, resources
 from core.db.tables import Job
 from core.errors import ConflictError, InvalidError, NotFoundError
-from core.kinds import reads
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.kinds.reads import check_dataset
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
 from core.settings import Settings, get_settings
@@ -73,7 +73,7 @@ def resolve_init(session: Session, ref: str, caller: Caller = ANYONE) -> model_r
 def check_access(session: Session, settings: Settings, spec: TrainJobSpec, caller: Caller) -> None:
     """A 422 unless the caller may read the dataset and the checkpoint a fine-tune starts
     from."""
-    reads.check_dataset(session, settings, spec.dataset, caller)
+    check_dataset(session, settings, spec.dataset, caller)
     if spec.init is not None:
         resolve_init(session, spec.init.source, caller)
 
@@ -91,7 +91,7 @@ def check_stored(
             continue
         seen.add(key)
         dataset = _DATASET.validate_python(spec.get("dataset"))
-        reads.check_dataset(session, settings, dataset, caller)
+        check_dataset(session, settings, dataset, caller)
         if init.get("source") is not None:
             resolve_init(session, init["source"], caller)
 

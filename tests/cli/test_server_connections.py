@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from api.connections import server_options
+from cli.connections import server_options
 from core.settings import Settings
 from tests.services import free_port
 from tests.worker.support import wait_for
