@@ -8,6 +8,8 @@ import base64
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -32,6 +34,36 @@ def make_key(url: str, *scopes: str) -> str:
     """A new API key with `scopes`, in plaintext."""
     with session_scope(url) as session:
         return keys.create_key(session=session, name="test", scopes=scopes)[1]
+
+
+@dataclass(frozen=True)
+class Key:
+    """An API key of a test: its id and the header that sends it."""
+
+    id: str
+    headers: dict[str, str]
+
+
+def key_of(url: str, *scopes: str) -> Key:
+    """A new key with `scopes`, with its id."""
+    plaintext = make_key(url, *scopes)
+    with session_scope(url) as session:
+        principal = keys.authenticate(session=session, key=plaintext)
+    assert principal is not None
+    return Key(str(principal.key_id), {"Authorization": f"Bearer {plaintext}"})
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB) since `reset_peak_rss`."""
+    status = Path("/proc/self/status").read_text()
+    (line,) = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+def reset_peak_rss() -> float:
+    """Start the peak over from the resident memory now (MB)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return peak_rss_mb()
 
 
 def new_job(url: str, **fields: object) -> uuid.UUID:

@@ -10,7 +10,6 @@ import io
 import uuid
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,30 +18,16 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from api.app import create_app
-from core import artifacts, keys
+from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import make_key, run_job, trained_job
+from tests.api.helpers import Key, key_of, run_job, trained_job
 from training.events import RecordingSink
 
 JOBS = "/api/v1/jobs"
 DATASETS = "/api/v1/datasets"
 SECRET = ("alice-cat", "alice-dog")  # the class folders of the upload another key must not read
-
-
-@dataclass(frozen=True)
-class Key:
-    id: uuid.UUID
-    headers: dict[str, str]
-
-
-def _key(url: str, *scopes: str) -> Key:
-    plaintext = make_key(url, *scopes)
-    with session_scope(url) as session:
-        principal = keys.authenticate(session=session, key=plaintext)
-    assert principal is not None
-    return Key(principal.key_id, {"Authorization": f"Bearer {plaintext}"})
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +39,17 @@ def strict(settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="module")
 def alice(settings: Settings) -> Key:
-    return _key(settings.database_url, "read", "train")
+    return key_of(settings.database_url, "read", "train")
 
 
 @pytest.fixture(scope="module")
 def bob(settings: Settings) -> Key:
-    return _key(settings.database_url, "read", "train")
+    return key_of(settings.database_url, "read", "train")
 
 
 @pytest.fixture(scope="module")
 def admin(settings: Settings) -> Key:
-    return _key(settings.database_url, "admin")
+    return key_of(settings.database_url, "admin")
 
 
 def _zip() -> bytes:
@@ -95,7 +80,7 @@ def _owned_job(settings: Settings, owner: Key) -> uuid.UUID:
     with session_scope(settings.database_url) as session:
         row = session.get(Job, job_id)
         assert row is not None
-        row.owner_key_id = owner.id
+        row.owner_key_id = uuid.UUID(owner.id)
     return job_id
 
 

@@ -23,7 +23,7 @@ import redis
 import tritonclient.http as triton
 
 from core.settings import Settings
-from tests.api.helpers import trained_job
+from tests.api.helpers import peak_rss_mb, reset_peak_rss, trained_job
 from tests.services import serve
 
 URL = "/v2/models/tiny/infer"
@@ -78,18 +78,6 @@ def _error(answer: httpx.Response, status: int, fragment: str) -> None:
     assert fragment in body["error"], body
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory since `_reset_peak` (it serves the API)."""
-    status = Path("/proc/self/status").read_text()
-    (line,) = [line for line in status.splitlines() if line.startswith("VmHWM:")]
-    return int(line.split()[1]) / 1024
-
-
-def _reset_peak() -> float:
-    Path("/proc/self/clear_refs").write_text("5")
-    return _peak_rss_mb()
-
-
 def test_a_json_tensor_past_the_models_input_is_refused_before_it_is_parsed(
     live: str, tmp_path: Path
 ) -> None:
@@ -106,7 +94,7 @@ def test_a_json_tensor_past_the_models_input_is_refused_before_it_is_parsed(
         ".read(), headers={'content-type': 'application/json'}, timeout=120); "
         "print(answer.status_code, answer.text)"
     )
-    before = _reset_peak()
+    before = reset_peak_rss()
     poster = subprocess.Popen(
         [sys.executable, "-c", post, live + URL, str(body)], stdout=subprocess.PIPE, text=True
     )
@@ -117,7 +105,7 @@ def test_a_json_tensor_past_the_models_input_is_refused_before_it_is_parsed(
             assert probe.get("/api/v1/healthz").status_code == 200
             worst = max(worst, time.perf_counter() - sent)
             time.sleep(0.005)
-    grown = _peak_rss_mb() - before
+    grown = peak_rss_mb() - before
     print(f"/healthz waited {worst:.2f} s at most; the peak memory grew {grown:.0f} MB")
     assert poster.stdout is not None
     status, _, text = poster.stdout.read().strip().partition(" ")

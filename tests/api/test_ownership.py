@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,11 +15,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from api.app import create_app
-from core import keys
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import TRAIN, make_key, trained_job
+from tests.api.helpers import TRAIN, Key, key_of, trained_job
 
 JOBS = "/api/v1/jobs"
 STUDIES = "/api/v1/studies"
@@ -33,35 +31,19 @@ STUDY = {
 }
 
 
-@dataclass(frozen=True)
-class Key:
-    """An API key of the test: its id and the header that sends it."""
-
-    id: str
-    headers: dict[str, str]
-
-
-def _key(url: str, *scopes: str) -> Key:
-    plaintext = make_key(url, *scopes)
-    with session_scope(url) as session:
-        principal = keys.authenticate(session=session, key=plaintext)
-    assert principal is not None
-    return Key(str(principal.key_id), {"Authorization": f"Bearer {plaintext}"})
-
-
 @pytest.fixture(scope="module")
 def alice(settings: Settings) -> Key:
-    return _key(settings.database_url, "read", "train")
+    return key_of(settings.database_url, "read", "train")
 
 
 @pytest.fixture(scope="module")
 def bob(settings: Settings) -> Key:
-    return _key(settings.database_url, "read", "train")
+    return key_of(settings.database_url, "read", "train")
 
 
 @pytest.fixture(scope="module")
 def admin(settings: Settings) -> Key:
-    return _key(settings.database_url, "admin")
+    return key_of(settings.database_url, "admin")
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +210,7 @@ def test_reads_owner_only_hides_anothers_studies_and_models(
     assert name in names
 
     # Predictions too: a predict key reads only its own key's models and jobs.
-    seer = _key(settings.database_url, "predict")
+    seer = key_of(settings.database_url, "predict")
     for ref, words in ((name, "is not registered"), (job_id, "does not exist")):
         refused = owner_only.post(
             PREDICT, params={"model": ref}, files=_png(), headers=seer.headers

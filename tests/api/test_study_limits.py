@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +20,7 @@ from core.db.session import session_scope
 from core.db.tables import Job, Study
 from core.settings import Settings
 from models import zoo
-from tests.api.helpers import make_key
+from tests.api.helpers import make_key, peak_rss_mb, reset_peak_rss
 from tests.services import serve
 
 STUDIES = "/api/v1/studies"
@@ -48,18 +47,6 @@ def _rows(url: str) -> tuple[int, int]:
         return studies, session.scalar(select(func.count()).select_from(Job)) or 0
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory since `_reset_peak` (it serves the app)."""
-    status = Path("/proc/self/status").read_text()
-    (line,) = [line for line in status.splitlines() if line.startswith("VmHWM:")]
-    return int(line.split()[1]) / 1024
-
-
-def _reset_peak() -> float:
-    Path("/proc/self/clear_refs").write_text("5")
-    return _peak_rss_mb()
-
-
 def _nested(depth: int) -> str:
     return '{"a": ' * depth + "1" + "}" * depth
 
@@ -73,11 +60,11 @@ def test_a_grid_of_ten_billion_cells_is_refused_from_its_axes_lengths(
     client, _ = on_database
     grid = {f"recipe.lr{axis}": [0.1] * 10 for axis in range(10)}
     client.get(STUDIES)  # the app's first request pays for its key check and connections
-    before = _reset_peak()
+    before = reset_peak_rss()
     started = time.perf_counter()
     answer = client.post(STUDIES, json={"base": BASE, "grid": grid}, params={"dry_run": True})
     took = time.perf_counter() - started
-    grown = _peak_rss_mb() - before
+    grown = peak_rss_mb() - before
     assert answer.status_code == 422
     message = answer.json()["error"]["message"]
     assert message.startswith("the study has 10000000000 cells (10 x 10 x 10 x 10 x 10 x 10")
