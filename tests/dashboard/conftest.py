@@ -33,6 +33,7 @@ def settings(
         stream_poll_seconds=0.1,
         lease_seconds=10,
         heartbeat_seconds=1.0,
+        max_versions_per_job=50,  # the models page is paged with versions of one job
     )
 
 
