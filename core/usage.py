@@ -61,6 +61,12 @@ def job_bytes(settings: Settings, job_id: uuid.UUID) -> int:
     """The bytes a job's files take in the store, its exports left out."""
     if artifacts.uses_bucket(settings):
         return _bucket_bytes(settings, artifacts.job_prefix(job_id))
+    return folder_bytes(settings, job_id)
+
+
+def folder_bytes(settings: Settings, job_id: uuid.UUID) -> int:
+    """The bytes a job's files take in its folder on this machine, its exports left out: a
+    running job's worker writes each file there before it puts it in a bucket."""
     folder = artifacts.job_dir(settings, job_id)
     if not folder.is_dir():
         return 0
@@ -137,10 +143,14 @@ def of_owner(
     settings: Settings,
     owner: uuid.UUID | None,
     except_job: uuid.UUID | None = None,
+    measure: bool = True,
 ) -> Usage:
     """What `owner` keeps (None: the owner of rows made with auth off); `except_job`'s
-    files left out (a running job measures its own)."""
-    _measure_unmeasured(session, settings, _of(Job.owner_key_id, owner))
+    files left out (a running job measures its own). With `measure` off, ended jobs whose
+    rows have no figure yet (those that ended before figures were kept) count nothing
+    rather than being measured in the store now."""
+    if measure:
+        _measure_unmeasured(session, settings, _of(Job.owner_key_id, owner))
     jobs = select(
         func.coalesce(func.sum(Job.artifact_bytes), 0),
         func.count(Job.id).filter(Job.artifact_bytes > 0),

@@ -314,7 +314,11 @@ class DatabaseSink:
         needed = size if (directory / checkpoints.BEST).is_file() else 2 * size
         others = self._write(
             lambda session: usage.of_owner(
-                session=session, settings=settings, owner=budget.owner, except_job=job_id
+                session=session,
+                settings=settings,
+                owner=budget.owner,
+                except_job=job_id,
+                measure=False,  # the rows' figures: no store round trip before a checkpoint
             )
         )
         own = self._measure(settings)
@@ -369,10 +373,9 @@ class DatabaseSink:
         path.with_suffix(".sha256").unlink(missing_ok=True)
 
     def _measure(self, settings: Settings) -> int:
-        """The bytes the job's files take in the store now."""
-        return while_store_reachable(
-            self.watchdog, lambda: usage.job_bytes(settings, self.claim.job_id)
-        )
+        """The bytes the job's files take now, counted on this machine's disk, where each is
+        written (and pruned) before (and with) its object: no store round trip per checkpoint."""
+        return usage.folder_bytes(settings, self.claim.job_id)
 
     def _record_usage(self, settings: Settings) -> None:
         """Write the job's stored bytes to its row (fenced)."""
