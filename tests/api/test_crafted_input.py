@@ -115,8 +115,19 @@ def raw_request(host: str, port: int, key: str, request: Request) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
 
 
-def answer_of(host: str, port: int, raw: bytes) -> tuple[int, bytes]:
-    """Send raw request bytes; the answer's status and its bytes."""
+def answer_of(host: str, port: int, raw: bytes, tries: int = 3) -> tuple[int, bytes]:
+    """Send raw request bytes; the answer's status and its bytes. A server that refuses a
+    request before reading its body closes with the body unread, which the kernel may turn
+    into a reset that drops the answer: such a request is sent again (a few times)."""
+    for _ in range(tries - 1):
+        try:
+            return _answer_of(host, port, raw)
+        except ConnectionResetError:
+            continue
+    return _answer_of(host, port, raw)
+
+
+def _answer_of(host: str, port: int, raw: bytes) -> tuple[int, bytes]:
     with socket.create_connection((host, port), timeout=TIMEOUT_S) as conn:
         conn.sendall(raw)
         answer = b""
