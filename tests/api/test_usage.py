@@ -3,10 +3,8 @@ owner's for an admin, and the train jobs refused when their checkpoints cannot f
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,6 +16,7 @@ from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
 from tests.api.helpers import TRAIN, make_key, trained_job
+from tests.services import file_bytes
 
 BUDGET = 8 * 2**20
 MIB = 2**20
@@ -40,17 +39,6 @@ def fresh(anonymous: TestClient, settings: Settings) -> Iterator[TestClient]:
 
 def _train(keep_last: int) -> dict[str, object]:
     return {**TRAIN, "recipe": {"iterations": 100, "checkpoint_every": 1, "keep_last": keep_last}}
-
-
-def _du(folder: Path) -> int:
-    """The bytes of the files under `folder`, as find(1) reports them."""
-    sizes = subprocess.run(
-        ["find", str(folder), "-type", "f", "-printf", "%s\n"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    return sum(map(int, sizes))
 
 
 def test_a_train_job_whose_kept_checkpoints_cannot_fit_is_refused(
@@ -78,7 +66,7 @@ def test_usage_is_the_bytes_stored_per_owner_exports_included(
     folder = artifacts.job_dir(settings, job_id)
 
     usage = fresh.get("/api/v1/usage").json()
-    assert usage["job_bytes"] == _du(folder) > 3 * 600_000  # three checkpoint files at least
+    assert usage["job_bytes"] == file_bytes(folder) > 3 * 600_000  # three checkpoint files at least
     assert (usage["jobs"], usage["export_bytes"], usage["limit_bytes"]) == (1, 0, BUDGET)
     assert usage["left_bytes"] == BUDGET - usage["bytes"]
 
@@ -91,8 +79,8 @@ def test_usage_is_the_bytes_stored_per_owner_exports_included(
     assert exported.status_code == 201, exported.text
     after = fresh.get("/api/v1/usage").json()
     assert after["job_bytes"] == usage["job_bytes"]  # the export counts apart
-    assert after["export_bytes"] == exported.json()["bytes"] == _du(folder / "exports") > 0
-    assert after["bytes"] == _du(folder)
+    assert after["export_bytes"] == exported.json()["bytes"] == file_bytes(folder / "exports") > 0
+    assert after["bytes"] == file_bytes(folder)
 
     owners = admin.get("/api/v1/usage/owners")
     assert owners.status_code == 200, owners.text

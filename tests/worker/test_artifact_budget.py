@@ -4,7 +4,6 @@ to fit, or fails naming the usage with its newest checkpoint kept and verified."
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from core.db.session import session_scope
 from core.db.tables import Job
 from core.kinds import TrainJobSpec
 from core.settings import Settings
+from tests.services import file_bytes
 from tests.worker.support import (
     WorkerProcess,
     checkpoint_rows,
@@ -79,17 +79,6 @@ def _submit(settings: Settings, owner: uuid.UUID, iterations: int) -> uuid.UUID:
     return job_id
 
 
-def _stored(folder: Path) -> int:
-    """The bytes of the files under `folder`, as find(1) reports them."""
-    out = subprocess.run(
-        ["find", str(folder), "-type", "f", "-printf", "%s\n"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return sum(map(int, out.split()))
-
-
 def _check_rows_verify(settings: Settings, job_id: uuid.UUID) -> dict[int, str]:
     """Every checkpoint row names a file whose bytes match its sha256; the files' names by
     step."""
@@ -112,7 +101,7 @@ def test_a_run_prunes_its_older_checkpoints_to_stay_within_the_budget(settings: 
 
     assert done.step == 40
     folder = artifacts.job_dir(settings, job_id)
-    kept = _stored(folder)
+    kept = file_bytes(folder)
     # 40 checkpoints of over 600 kB with keep_last 100 would keep more than 24 MB.
     assert 4 * CHECKPOINT < kept <= BUDGET
     assert done.artifact_bytes == kept
