@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from training.data import DatasetInfo, FileSplit, LoadedDataset, TensorSplit
-from training.datasets import load_dataset
 from training.datasets.archives import MAX_BYTES, MAX_ENTRIES
 from training.datasets.imagefolder import find_tree
 from training.datasets.images import open_image
+from training.evaluation_data import load_for_reading, nonempty_split
 from training.events import EventSink
 from training.predictor import Predictor
 from training.preprocess import Preprocessing
@@ -86,15 +86,9 @@ def images_of(
     """The images of `dataset.split`, as the predictor's checkpoint takes them: files through
     its declared preprocessing, arrays as they are (of its input size)."""
     info, preprocessing = predictor.info, predictor.preprocessing
-    if isinstance(dataset, ImageFolderSpec):
-        # Read from the files, whatever their number: their names are the rows' keys.
-        dataset = dataset.model_copy(update={"in_memory": False})
-    data = load_dataset(dataset, data_root=data_root, download=download)
-    if prepare is not None:  # the service records the data read
-        prepare(data)
-    split = data.split(dataset.split)
-    if len(split) == 0:
-        raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
+    # An ImageFolder is read from its files: their names are the rows' keys.
+    data = load_for_reading(dataset, data_root=data_root, download=download, prepare=prepare)
+    split = nonempty_split(data, dataset.split)
     if isinstance(split, FileSplit):
         assert isinstance(dataset, ImageFolderSpec), "only an ImageFolder is read from files"
         tree = find_tree(dataset, data_root, max_entries=MAX_ENTRIES, max_bytes=MAX_BYTES)

@@ -217,45 +217,69 @@ def _unfenced() -> Iterator[None]:
 
 def _prune(directory: Path, keep_last: int) -> None:
     """Remove all but the newest `keep_last` step checkpoints (best.pt is its own copy)."""
-    steps = sorted(
-        (int(m.group(1)), p)
-        for p in directory.iterdir()
-        if (m := STEP_FILE.fullmatch(p.name)) is not None
-    )
-    for _, old in steps[:-keep_last]:
+    for old in step_files(directory)[:-keep_last]:
         old.unlink(missing_ok=True)
         old.with_suffix(".sha256").unlink(missing_ok=True)
 
 
-def latest(directory: Path) -> Path | None:
-    """The step checkpoint with the highest step in `directory`, if any."""
+def step_files(directory: Path) -> list[Path]:
+    """The step checkpoints in `directory`, oldest step first; none when it is missing."""
+    if not directory.is_dir():
+        return []
     steps = [
         (int(m.group(1)), p)
         for p in directory.glob("step-*.pt")
         if (m := STEP_FILE.fullmatch(p.name)) is not None
     ]
-    return max(steps)[1] if steps else None
+    return [path for _, path in sorted(steps)]
+
+
+def step_of(path: Path) -> int:
+    """The step of a checkpoint file named `step-N.pt`."""
+    match = STEP_FILE.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path.name} is not a step checkpoint")
+    return int(match[1])
+
+
+def latest(directory: Path) -> Path | None:
+    """The step checkpoint with the highest step in `directory`, if any."""
+    steps = step_files(directory)
+    return steps[-1] if steps else None
 
 
 def latest_verified(
     directory: Path,
     recorded: Mapping[str, str] | None = None,
     warn: Callable[[str], None] = lambda _: None,
+    *,
+    set_aside: bool = True,
 ) -> Path | None:
-    """The newest step checkpoint whose sha256 matches its record (`recorded`, by path, wins
-    over the sidecar); newer ones that fail are set aside as `*.corrupt`, each with a `warn`."""
-    set_aside = False
-    while (newest := latest(directory) if directory.is_dir() else None) is not None:
+    """The checkpoint a run in `directory` resumes from: the newest step checkpoint whose
+    sha256 matches its record (`recorded`, by path, wins over the sidecar).
+
+    Newer ones that fail are set aside as `*.corrupt`, each with a `warn`; with
+    `set_aside=False` they are only passed over (a reader's view: nothing moves).
+    """
+    passed_over = False
+    for newest in reversed(step_files(directory)):
         problem = _verification_problem(newest, (recorded or {}).get(str(newest)))
         if problem is None:
             return newest
-        aside = newest.with_name(f"{newest.name}.corrupt")
-        newest.replace(aside)
-        set_aside = True
-        warn(f"{newest.name} {problem}; set aside as {aside.name}")
-    if set_aside:
+        passed_over = True
+        if set_aside:
+            aside = newest.with_name(f"{newest.name}.corrupt")
+            newest.replace(aside)
+            warn(f"{newest.name} {problem}; set aside as {aside.name}")
+    if passed_over and set_aside:
         warn("no verified checkpoint is left: starting over from step 0")
     return None
+
+
+def verifies(path: Path, expected: str | None = None) -> bool:
+    """Whether `path` is a file a run may resume from: its sha256 is `expected` (else its
+    sidecar's)."""
+    return path.is_file() and _verification_problem(path, expected) is None
 
 
 def _verification_problem(path: Path, expected: str | None) -> str | None:

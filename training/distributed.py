@@ -19,28 +19,30 @@ local rank; node 0's launcher is rank 0 and hosts the store.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store, TCPStore  # typed here; torch.distributed re-exports
 
-from training import checkpoints, runs
-from training.data import LoadedDataset
+from training.devices import default_device
 from training.events import EventSink, NullSink
-from training.ranks import Ranks
+from training.loop import TrainingDivergedError
+from training.options import RunOptions
+from training.ranks import DistributedRanks
 from training.specs import TrainSpec
+from training.trainer import train_here
 
 # Longest a rank waits in a collective (rank 0 evaluates and checkpoints while the others
 # wait), and for the others at the start. A dead rank is noticed sooner: gloo sees its
@@ -73,7 +75,7 @@ class Rendezvous:
 
 def rank_devices(device: torch.device | None, nproc: int) -> list[torch.device]:
     """One device per local rank: consecutive GPUs from `device`'s index, else the CPU."""
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     if device.type == "cpu":
         return [device] * nproc
     if device.type != "cuda":
@@ -88,26 +90,20 @@ def rank_devices(device: torch.device | None, nproc: int) -> list[torch.device]:
 
 def train(
     spec: TrainSpec,
+    options: RunOptions,
+    sink: EventSink,
     *,
     nproc: int,
-    data_root: Path,
-    out_dir: Path,
-    sink: EventSink,
-    device: torch.device | None = None,
-    download: bool = False,
-    resume: bool = True,
-    prepare: Callable[[LoadedDataset], None] | None = None,
-    free_margin: int = checkpoints.FREE_MARGIN_BYTES,
     rendezvous: Rendezvous | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Train `spec` on `nproc` processes of this host, one device each; returns the summary.
 
-    Arguments are `runs.train`'s. On the host of rank 0 the summary is the run's; a rank
-    that fails ends them all with `RankFailedError`.
+    `options.device` is the first rank's device. On the host of rank 0 the summary is the
+    run's; a rank that fails ends them all with `RankFailedError`.
     """
     meet = rendezvous or Rendezvous()
-    devices = rank_devices(device, nproc)
+    devices = rank_devices(options.device, nproc)
     backend = "nccl" if devices[0].type == "cuda" else "gloo"
     world, first = nproc * meet.nnodes, meet.node_rank * nproc
     timeout, threads = timedelta(seconds=timeout_s), _threads_per_rank(devices[0], nproc)
@@ -117,11 +113,7 @@ def train(
     common = {
         # Only the fields of a train spec: a job spec's extra fields are the service's.
         "spec": spec.model_dump(mode="json", include=set(TrainSpec.model_fields)),
-        "data_root": str(data_root),
-        "out_dir": str(out_dir),
-        "download": download,
-        "resume": resume,
-        "free_margin": free_margin,
+        "options": options.to_json(),
         "addr": meet.addr,
         "port": store.port,
         "world_size": world,
@@ -143,22 +135,13 @@ def train(
                 store.add(ARRIVED, 1)  # this host's launcher is a rank too
             _await_ranks(store, world, children, timeout_s)
             ranks = _join(store, first, world, devices[0], backend, timeout)
-            summary = runs.train(
-                spec,
-                data_root=data_root,
-                out_dir=out_dir,
-                sink=own_sink,
-                device=devices[0],
-                download=download,
-                resume=resume,
-                prepare=prepare,
-                free_margin=free_margin,
-                ranks=ranks,
-            )
+            own = dataclasses.replace(options, device=devices[0])
+            summary = train_here(spec, own, own_sink, ranks)
         _wait(children, timeout_s, own_sink)
     except Exception as error:
         failed = _failures(children, settle_s=SETTLE_S)
-        if failed:
+        # A diverged run ends every rank at once, with its own error.
+        if failed and not isinstance(error, TrainingDivergedError):
             raise RankFailedError(
                 f"{failed}; the other ranks were ended. The run resumes from its last "
                 "checkpoint when started again."
@@ -193,12 +176,12 @@ def _join(
     device: torch.device,
     backend: str,
     timeout: timedelta,
-) -> Ranks:
+) -> DistributedRanks:
     """Join the run's process group as `rank`, on `device`."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    return Ranks(rank, world, device)
+    return DistributedRanks(rank, world, device, backend)
 
 
 def _threads_per_rank(device: torch.device, nproc: int) -> int:
@@ -281,16 +264,7 @@ def main(argv: list[str]) -> None:
     store.add(ARRIVED, 1)
     ranks = _join(store, launch["rank"], launch["world_size"], device, launch["backend"], timeout)
     try:
-        runs.train(
-            TrainSpec.model_validate(launch["spec"]),
-            data_root=Path(launch["data_root"]),
-            out_dir=Path(launch["out_dir"]),
-            sink=NullSink(),
-            device=device,
-            download=launch["download"],
-            resume=launch["resume"],
-            free_margin=launch["free_margin"],
-            ranks=ranks,
-        )
+        spec = TrainSpec.model_validate(launch["spec"])
+        train_here(spec, RunOptions.from_json(launch["options"], device), NullSink(), ranks)
     finally:
         dist.destroy_process_group()

@@ -81,7 +81,8 @@ def accumulate(sums: dict[str, Tensor], logits: Tensor, y: Tensor, num_classes: 
     confidence, predicted = probs.max(1)
     correct = predicted == y
     top5 = logits.topk(min(5, num_classes), dim=1).indices.eq(y[:, None]).any(1)
-    bins = (confidence * ECE_BINS).long().clamp(max=ECE_BINS - 1)
+    # A diverged net's NaN confidences land in the first bin (its ECE is NaN), not outside.
+    bins = (confidence * ECE_BINS).long().clamp(0, ECE_BINS - 1)
     batch = {
         "loss": F.cross_entropy(logits, y, reduction="sum"),
         "correct": correct.sum(),

@@ -7,11 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from training.checkpoints import CheckpointInfo
+from training.checkpoints import CheckpointInfo, Fence
 
 
 class EventSink(Protocol):
-    """Receives a run's metrics, log lines, checkpoints and progress; may ask it to stop."""
+    """Receives a run's metrics, log lines, checkpoints and progress; may ask it to stop.
+
+    Its `fence`, when it has one, guards every checkpoint the run writes (the service's:
+    an earlier attempt of a job writes nothing once a newer one took its folder).
+    """
+
+    @property
+    def fence(self) -> Fence | None: ...
 
     def on_metrics(self, step: int, epoch: float, values: dict[str, float]) -> None: ...
 
@@ -33,6 +40,7 @@ class RecordingSink:
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     stop_at: int | None = None
     step: int = 0
+    fence: Fence | None = None
 
     def on_metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
         self.metrics.extend((step, name, value) for name, value in values.items())
@@ -57,6 +65,8 @@ class RecordingSink:
 class NullSink:
     """Drops everything and never asks to stop: the sink of every rank but rank 0."""
 
+    fence: Fence | None = None  # rank 0 writes the run's checkpoints
+
     def on_metrics(self, step: int, epoch: float, values: dict[str, float]) -> None:
         """Rank 0 reports the run's metrics."""
 
@@ -78,6 +88,7 @@ class JsonlSink:
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self.fence: Fence | None = None  # a command's run folder is its own: unfenced
         self.metrics_path = directory / "metrics.jsonl"
         self.events_path = directory / "events.log"
 

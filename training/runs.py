@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,106 +11,33 @@ from typing import Any
 import torch
 
 import models
-from training import checkpoints
+from training import checkpoints, distributed
 from training.data import DatasetInfo, LoadedDataset, Split, TensorSplit
-from training.datasets import load_dataset
+from training.devices import default_device
 from training.evaluate import Evaluation, evaluate
+from training.evaluation_data import load_for_reading, nonempty_split
 from training.events import EventSink
-from training.loop import build_model, fit
+from training.loop import build_model
+from training.options import RunOptions
 from training.pipeline import make_batches
 from training.preprocess import Preprocessing, preprocessing_of
-from training.ranks import Ranks
-from training.specs import DatasetSpec, ImageFolderSpec, ModelSpec, TrainSpec
+from training.specs import DatasetSpec, ModelSpec, TrainSpec
+from training.trainer import json_safe as json_safe  # the kinds' summaries use it too
+from training.trainer import train_here
 from training.views import View, evaluate_views
 
 
 def train(
-    spec: TrainSpec,
-    *,
-    data_root: Path,
-    out_dir: Path,
-    sink: EventSink,
-    device: torch.device | None = None,
-    download: bool = False,
-    resume: bool = True,
-    prepare: Callable[[LoadedDataset], None] | None = None,
-    free_margin: int = checkpoints.FREE_MARGIN_BYTES,
-    nproc: int = 1,
-    ranks: Ranks | None = None,
+    spec: TrainSpec, options: RunOptions, sink: EventSink, *, nproc: int = 1
 ) -> dict[str, Any]:
     """Load the spec's dataset, train, and write `spec.json` and `summary.json` to `out_dir`.
 
-    `prepare` sees the loaded dataset before training starts (the service sets the job's
-    time limits from it). A checkpoint needs its size plus `free_margin` bytes free.
-    `spec.json` is the spec as used, defaults resolved (`fit` writes it). The summary's
-    non-finite numbers are None, as JSON has no NaN. With `nproc` > 1 the run spans that
-    many processes of this host (`training.distributed`, one device each); `ranks` is
-    this process's place in such a run, set by that module.
+    With `nproc` > 1 the run spans that many processes of this host
+    (`training.distributed`, one device each).
     """
     if nproc > 1:
-        # Imported here: the launcher runs each rank through this function.
-        from training import distributed
-
-        return distributed.train(
-            spec,
-            nproc=nproc,
-            data_root=data_root,
-            out_dir=out_dir,
-            sink=sink,
-            device=device,
-            download=download,
-            resume=resume,
-            prepare=prepare,
-            free_margin=free_margin,
-        )
-    main = ranks is None or ranks.is_main
-    if ranks is not None:
-        spec = _spec_of_rank_0(spec, ranks)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = _load(spec, data_root, download, ranks)
-    if prepare is not None and main:
-        prepare(data)
-    fitted = fit(
-        spec,
-        data,
-        out_dir=out_dir,
-        sink=sink,
-        device=device,
-        resume=resume,
-        free_margin=free_margin,
-        ranks=ranks,
-    )
-    summary: dict[str, Any] = json_safe(fitted)
-    if main:
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
-
-
-def _spec_of_rank_0(spec: TrainSpec, ranks: Ranks) -> TrainSpec:
-    """Rank 0's spec, on every rank: ranks that trained specs of their own (another host
-    given other options) would wait on each other's collectives until the timeout."""
-    shared = ranks.share(spec.model_dump(mode="json", include=set(TrainSpec.model_fields)))
-    return spec if ranks.is_main else TrainSpec.model_validate(shared)
-
-
-def _load(spec: TrainSpec, data_root: Path, download: bool, ranks: Ranks | None) -> LoadedDataset:
-    """The spec's dataset; of several ranks, rank 0 downloads it before the others read it."""
-    if ranks is None or not download:
-        return load_dataset(spec.dataset, data_root=data_root, download=download)
-    data = load_dataset(spec.dataset, data_root=data_root, download=True) if ranks.is_main else None
-    torch.distributed.barrier()
-    return data or load_dataset(spec.dataset, data_root=data_root, download=False)
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float replaced by None (JSON has no NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(item) for item in value]
-    return value
+        return distributed.train(spec, options, sink, nproc=nproc)
+    return train_here(spec, options, sink)
 
 
 @dataclass(frozen=True)
@@ -162,23 +87,17 @@ def evaluate_checkpoint(
     `/predict` makes them. With `sha256`, the file must have it (the service passes the
     database's record).
     """
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     trained = load_trained_model(path, sha256=sha256, device=device)
     model, trained_on = trained.model, trained.info
-    if isinstance(dataset, ImageFolderSpec):
-        dataset = dataset.model_copy(update={"in_memory": False})
-    data = load_dataset(dataset, data_root=data_root, download=download)
-    if prepare is not None:  # the service records the data read
-        prepare(data)
+    data = load_for_reading(dataset, data_root=data_root, download=download, prepare=prepare)
     if data.info.classes != trained_on.classes or data.info.channels != trained_on.channels:
         raise ValueError(
             f"checkpoint was trained on {trained_on.name} ({trained_on.num_classes} classes, "
             f"{trained_on.channels} channels); {data.info.name} has {data.info.num_classes} "
             f"classes and {data.info.channels} channels"
         )
-    split = data.split(dataset.split)
-    if len(split) == 0:
-        raise ValueError(f"the {dataset.split} split of {data.info.name} is empty")
+    split = nonempty_split(data, dataset.split)
     check_input_size(split, trained.preprocessing)
     if view != "center":
         result = evaluate_views(

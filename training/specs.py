@@ -192,6 +192,38 @@ DatasetSpec = Annotated[
 ]
 
 
+# What `recipe.early_stop` may watch: each lower is better. The val/ and test/ metrics are
+# an evaluation's; train/ ones the mean of the latest `log_every` steps before it.
+EarlyStopMetric = Literal[
+    "val/error",
+    "val/loss",
+    "val/top5_error",
+    "test/error",
+    "test/loss",
+    "test/top5_error",
+    "train/loss",
+    "train/error",
+]
+
+
+class EarlyStopSpec(Spec):
+    """End a run whose metric stopped improving (a plateau): the run succeeds, saying so."""
+
+    metric: EarlyStopMetric = Field("val/error", description="The metric watched.")
+    patience: int = Field(
+        3,
+        ge=1,
+        le=MAX_ITERATIONS,
+        description="Evaluations in a row without an improvement before the run ends.",
+    )
+    min_delta: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="An improvement is a value more than this below the best so far.",
+    )
+
+
 class RecipeSpec(Spec):
     """How to train: the papers' CIFAR recipe by default, every field overridable."""
 
@@ -270,6 +302,11 @@ class RecipeSpec(Spec):
         f"{MAX_CHECKPOINTS:,} checkpoints a run.",
     )
     keep_last: int = Field(2, ge=1, le=100, description="Checkpoints kept besides the best.")
+    early_stop: EarlyStopSpec | None = Field(
+        None,
+        description="End the run early once a metric stops improving at evaluations; "
+        "default: train the whole budget.",
+    )
 
     @field_validator("augment_pad", "augment_flip", mode="wrap")
     @classmethod
@@ -374,6 +411,23 @@ class TrainSpec(Spec):
     dataset: DatasetSpec
     recipe: RecipeSpec = Field(default_factory=RecipeSpec)
     init: InitSpec | None = Field(None, description="Start from these weights (a fine-tune).")
+
+    @model_validator(mode="after")
+    def _early_stop_evaluated(self) -> TrainSpec:
+        # Only an ImageFolder may bring a validation split of its own (val/ beside test/).
+        stop, dataset = self.recipe.early_stop, self.dataset
+        if (
+            stop is not None
+            and stop.metric.startswith("val/")
+            and dataset.validation == 0
+            and dataset.name != "imagefolder"
+        ):
+            raise ValueError(
+                f"recipe.early_stop.metric {stop.metric} is never evaluated: with "
+                "dataset.validation 0 the run has no validation split; hold one out "
+                "(e.g. dataset.validation 0.1) or watch test/error"
+            )
+        return self
 
     @model_validator(mode="after")
     def _init_stages(self) -> TrainSpec:

@@ -22,6 +22,7 @@ from PIL import Image
 from pydantic import TypeAdapter, ValidationError
 from sklearn.datasets import load_digits
 
+from tests import images
 from training.data import FileSplit, LoadedDataset, Split, TensorSplit
 from training.datasets import (
     DatasetNotFound,
@@ -723,11 +724,10 @@ def test_archives_unpack_into_a_reused_cache(root: Path, tmp_path: Path, kind: s
 
 def _evil_zip(archive: Path, name: str) -> None:
     """A zip with one good image and one entry called `name`."""
-    image = io.BytesIO()
-    Image.new("RGB", (4, 4)).save(image, "PNG")
+    image = images.flat_png((0, 0, 0), size=4)
     with zipfile.ZipFile(archive, "w") as zipped:
-        zipped.writestr("a/good.png", image.getvalue())
-        zipped.writestr(name, image.getvalue())
+        zipped.writestr("a/good.png", image)
+        zipped.writestr(name, image)
 
 
 def _symlink_tar(archive: Path, name: str) -> None:

@@ -33,6 +33,7 @@ from training.datasets import load_dataset
 from training.distributed import RankFailedError, Rendezvous
 from training.events import RecordingSink
 from training.loop import _augmentation, build_model, fit
+from training.options import RunOptions
 from training.pipeline import make_batches
 from training.ranks import STOP_EVERY
 from training.recipe import learning_rate, make_optimizer, set_lr
@@ -102,7 +103,7 @@ def test_two_ranks_train_the_weights_of_one_process_with_per_rank_batchnorm(
 ) -> None:
     spec = _spec(iterations=STEPS)
     summary = runs.train(
-        spec, data_root=tmp_path, out_dir=tmp_path / "two", sink=RecordingSink(), nproc=2
+        spec, RunOptions(out_dir=tmp_path / "two", data_root=tmp_path), RecordingSink(), nproc=2
     )
     assert summary["distributed"]["per_rank_batch"] == 8
     assert summary["steps"] == STEPS
@@ -117,8 +118,8 @@ def test_two_ranks_train_the_weights_of_one_process_with_per_rank_batchnorm(
     fit(
         spec,
         load_dataset(spec.dataset, data_root=tmp_path),
-        out_dir=tmp_path / "one",
-        sink=one_sink,
+        RunOptions(out_dir=tmp_path / "one"),
+        one_sink,
     )
     one = _parameters(
         checkpoints.load(tmp_path / "one" / "checkpoints" / f"step-{STEPS}.pt")["model"],
@@ -158,7 +159,7 @@ def test_a_killed_rank_ends_the_attempt_and_the_run_resumes_on_its_step_axis(
     spec, out = _spec(iterations=12), tmp_path / "run"
     killer = KillingSink(kill_at=6)
     with pytest.raises(RankFailedError, match=r"rank 1 .* was killed by SIGKILL"):
-        runs.train(spec, data_root=tmp_path, out_dir=out, sink=killer, nproc=2)
+        runs.train(spec, RunOptions(out_dir=out, data_root=tmp_path), killer, nproc=2)
     assert killer.killed_at is not None
     ended_after = time.monotonic() - killer.killed_at
     print(f"the attempt ended {ended_after:.2f} s after rank 1 was killed at step 6")
@@ -168,7 +169,7 @@ def test_a_killed_rank_ends_the_attempt_and_the_run_resumes_on_its_step_axis(
     assert checkpoints.latest(out / checkpoints.DIRECTORY) == out / "checkpoints" / "step-4.pt"
 
     resumed = RecordingSink()
-    summary = runs.train(spec, data_root=tmp_path, out_dir=out, sink=resumed, nproc=2)
+    summary = runs.train(spec, RunOptions(out_dir=out, data_root=tmp_path), resumed, nproc=2)
     assert ("info", "resumed from step-4.pt at step 4") in resumed.events
     assert summary["steps"] == 12
     assert not summary["stopped"]
@@ -206,11 +207,9 @@ def test_ranks_on_two_hosts_train_node_0s_spec_and_stop_together(tmp_path: Path)
     try:
         summary = distributed.train(
             spec,
+            RunOptions(out_dir=tmp_path / "node-0", data_root=tmp_path, device=torch.device("cpu")),
+            RecordingSink(stop_at=2),
             nproc=1,
-            data_root=tmp_path,
-            out_dir=tmp_path / "node-0",
-            sink=RecordingSink(stop_at=2),
-            device=torch.device("cpu"),
             rendezvous=Rendezvous("127.0.0.1", port, nnodes=2, node_rank=0),
         )
         output, _ = node_1.communicate(timeout=120)
@@ -237,7 +236,10 @@ def test_a_rank_that_dies_before_joining_ends_the_attempt_at_once(
     started = time.monotonic()
     with pytest.raises(RankFailedError, match=r"rank 1 \(pid \d+\) exited with status 3"):
         runs.train(
-            _spec(iterations=4), data_root=tmp_path, out_dir=tmp_path, sink=RecordingSink(), nproc=2
+            _spec(iterations=4),
+            RunOptions(out_dir=tmp_path, data_root=tmp_path),
+            RecordingSink(),
+            nproc=2,
         )
     assert time.monotonic() - started < KILL_WITHIN_S  # not the rendezvous' 300 s
 

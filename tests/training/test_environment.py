@@ -12,6 +12,7 @@ import torchvision
 from training import checkpoints, runs
 from training.environment import environment
 from training.events import RecordingSink
+from training.options import RunOptions
 from training.specs import TrainSpec
 
 
@@ -38,7 +39,9 @@ def test_a_run_records_its_data_and_environment_in_summary_and_checkpoints(
             "recipe": {"batch_size": 32, "iterations": 2},
         }
     )
-    summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=RecordingSink())
+    summary = runs.train(
+        spec, RunOptions(out_dir=tmp_path / "run", data_root=tmp_path), RecordingSink()
+    )
     assert summary["environment"]["torch"] == torch.__version__
     data = summary["data"]
     assert data["digest"].startswith("sha256:")
@@ -49,6 +52,8 @@ def test_a_run_records_its_data_and_environment_in_summary_and_checkpoints(
     assert saved["environment"] == summary["environment"]
     # Another seed of the split is other data: another digest.
     other = spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"split_seed": 1})})
-    again = runs.train(other, data_root=tmp_path, out_dir=tmp_path / "other", sink=RecordingSink())
+    again = runs.train(
+        other, RunOptions(out_dir=tmp_path / "other", data_root=tmp_path), RecordingSink()
+    )
     assert again["data"]["digest"] == data["digest"]  # the same files...
     assert again["data"]["splits"] == data["splits"]  # ...split otherwise, of the same sizes

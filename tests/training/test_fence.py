@@ -3,9 +3,10 @@ a run stopped between checkpoints keeps its last steps and resumes exactly."""
 
 from __future__ import annotations
 
+import fcntl
 import threading
-import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from training.checkpoints import Fence, FencedOutError
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 
 
 def _state(step: int) -> dict[str, object]:
@@ -46,8 +48,18 @@ def test_an_older_token_cannot_write_prune_or_move_best(tmp_path: Path) -> None:
     assert not (tmp_path / "step-10.pt").exists()
 
 
-def test_a_writer_holding_the_lock_finishes_before_the_fence_moves(tmp_path: Path) -> None:
-    entered, release = threading.Event(), threading.Event()
+def test_a_writer_holding_the_lock_finishes_before_the_fence_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release, refused = threading.Event(), threading.Event(), threading.Event()
+    flock = fcntl.flock
+
+    def seen_flock(lock: IO[str], operation: int) -> None:  # tells when a taker is refused
+        try:
+            flock(lock, operation)
+        except BlockingIOError:
+            refused.set()
+            raise
 
     def slow_confirm() -> None:  # a writer paused inside its save, the lock held
         entered.set()
@@ -64,10 +76,12 @@ def test_a_writer_holding_the_lock_finishes_before_the_fence_moves(tmp_path: Pat
     assert entered.wait(5)
     with pytest.raises(FencedOutError, match="stayed locked"):
         Fence(tmp_path, token=2, wait_s=0.2).take()
+    monkeypatch.setattr(fcntl, "flock", seen_flock)
     taker = threading.Thread(target=Fence(tmp_path, token=2).take)
     taker.start()
-    time.sleep(0.2)
-    assert taker.is_alive()  # waits for the writer
+    assert refused.wait(5)  # it tried the lock, and waits for the writer
+    assert taker.is_alive()
+    assert (tmp_path / ".fence").read_text() == "1\n"
     release.set()
     writer.join(5)
     taker.join(5)
@@ -79,15 +93,15 @@ def test_a_stop_between_checkpoints_keeps_the_steps_and_resumes_exactly(tmp_path
     spec = _spec()  # checkpoints at 4 and 8
     data = load_dataset(spec.dataset, data_root=tmp_path)
     whole = RecordingSink()
-    fit(spec, data, out_dir=tmp_path / "whole", sink=whole)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "whole"), whole)
 
     first = RecordingSink(stop_at=3)
-    assert fit(spec, data, out_dir=tmp_path / "split", sink=first)["steps"] == 3
+    assert fit(spec, data, RunOptions(out_dir=tmp_path / "split"), first)["steps"] == 3
     saved = tmp_path / "split" / "checkpoints"
     assert checkpoints.latest(saved) == saved / "step-3.pt"
     assert [info.is_best for info in first.checkpoints] == [False]
     second = RecordingSink()
-    fit(spec, data, out_dir=tmp_path / "split", sink=second)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "split"), second)
     assert ("info", "resumed from step-3.pt at step 3") in second.events
 
     a = checkpoints.load(tmp_path / "whole" / "checkpoints" / "step-8.pt")["model"]

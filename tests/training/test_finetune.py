@@ -13,6 +13,7 @@ from training import checkpoints, finetune
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import build_model, fit
+from training.options import RunOptions
 from training.recipe import make_optimizer, set_lr
 from training.specs import TrainSpec
 
@@ -49,7 +50,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 10-class ResNet-8 trained for 8 steps: the checkpoint fine-tunes start from."""
     root = tmp_path_factory.mktemp("source")
     spec = _spec(seed=7)
-    fit(spec, load_dataset(spec.dataset, data_root=root), out_dir=root, sink=RecordingSink())
+    fit(spec, load_dataset(spec.dataset, data_root=root), RunOptions(out_dir=root), RecordingSink())
     return root / "checkpoints" / "best.pt"
 
 
@@ -117,7 +118,7 @@ def test_frozen_stages_and_their_batch_norm_statistics_do_not_move(
     init = {"source": str(source), "freeze": "stem,layer1"}
     spec = _spec(classes=5, init=init, augment=False)
     sink = RecordingSink()
-    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), RunOptions(out_dir=tmp_path), sink)
     before, after = _state(source), _state(tmp_path / "checkpoints" / "step-8.pt")
     frozen = [k for k in after if k.split(".")[0] in ("conv1", "bn1", "layer1")]
     assert any(k.endswith("running_mean") for k in frozen)
@@ -152,7 +153,10 @@ def test_the_backbone_trains_at_its_share_of_the_lr(source: Path, tmp_path: Path
 def test_a_fine_tune_normalises_as_its_source(source: Path, tmp_path: Path) -> None:
     spec = _spec(classes=5, init={"source": str(source)}, iterations=2)
     fit(
-        spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=RecordingSink()
+        spec,
+        load_dataset(spec.dataset, data_root=tmp_path),
+        RunOptions(out_dir=tmp_path),
+        RecordingSink(),
     )
     saved = checkpoints.load(tmp_path / "checkpoints" / "step-2.pt")
     assert saved["data"]["mean"] == checkpoints.load(source)["data"]["mean"]
@@ -167,11 +171,11 @@ def test_a_resumed_fine_tune_continues_its_own_checkpoint_not_the_init(
     copy.write_bytes(source.read_bytes())
     spec = _spec(classes=5, init={"source": str(copy), "backbone_lr": 0.5})
     data = load_dataset(spec.dataset, data_root=tmp_path)
-    whole = fit(spec, data, out_dir=tmp_path / "whole", sink=RecordingSink())
-    fit(spec, data, out_dir=tmp_path / "split", sink=RecordingSink(stop_at=4))
+    whole = fit(spec, data, RunOptions(out_dir=tmp_path / "whole"), RecordingSink())
+    fit(spec, data, RunOptions(out_dir=tmp_path / "split"), RecordingSink(stop_at=4))
     copy.unlink()  # the resumed half must not need it
     second = RecordingSink()
-    resumed = fit(spec, data, out_dir=tmp_path / "split", sink=second)
+    resumed = fit(spec, data, RunOptions(out_dir=tmp_path / "split"), second)
     assert second.events[0][1] == "resumed from step-4.pt at step 4"
     assert resumed["final_test_error"] == whole["final_test_error"]
     assert torch.equal(

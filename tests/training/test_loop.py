@@ -13,6 +13,7 @@ from training import checkpoints, runs
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.specs import TrainSpec
 
 
@@ -50,14 +51,14 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
     spec = _spec()
     data = load_dataset(spec.dataset, data_root=tmp_path)
     whole = RecordingSink()
-    fit(spec, data, out_dir=tmp_path / "whole", sink=whole)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "whole"), whole)
 
     first = RecordingSink(stop_at=4)
-    halfway = fit(spec, data, out_dir=tmp_path / "split", sink=first)
+    halfway = fit(spec, data, RunOptions(out_dir=tmp_path / "split"), first)
     assert halfway["stopped"] is True
     assert halfway["steps"] == 4
     second = RecordingSink()
-    fit(spec, data, out_dir=tmp_path / "split", sink=second)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "split"), second)
     assert ("info", "resumed from step-4.pt at step 4") in second.events
 
     a = checkpoints.load(tmp_path / "whole" / "checkpoints" / "step-8.pt")["model"]
@@ -68,7 +69,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
     # Resumed at its end (its worker died before recording the outcome): nothing to train,
     # and its progress says it is at the end, as the job's row then records.
     again = RecordingSink()
-    fit(spec, data, out_dir=tmp_path / "whole", sink=again)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "whole"), again)
     assert again.step == 8
     assert not [step for step, name, _ in again.metrics if name == "train/loss"]
     assert {n for _, n, _ in whole.metrics} >= {
@@ -83,7 +84,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> None:
 def test_diagnostics_report_every_unit(tmp_path: Path) -> None:
     spec = _spec(diagnostics_every=4)
     sink = RecordingSink()
-    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), RunOptions(out_dir=tmp_path), sink)
     at_step_4 = {n: v for s, n, v in sink.metrics if s == 4 and n.startswith("diag/")}
     # resnet8 has three units: a response std and an input-gradient norm each.
     assert sorted(at_step_4) == [f"diag/grad_norm/{i}" for i in range(3)] + [
@@ -95,7 +96,9 @@ def test_diagnostics_report_every_unit(tmp_path: Path) -> None:
 def test_cancel_stops_within_a_step(tmp_path: Path) -> None:
     spec = _spec(iterations=100)
     sink = RecordingSink(stop_at=3)
-    summary = fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    summary = fit(
+        spec, load_dataset(spec.dataset, data_root=tmp_path), RunOptions(out_dir=tmp_path), sink
+    )
     assert summary["steps"] == 3
     assert ("info", "stopped on request") in sink.events
 
@@ -110,7 +113,9 @@ def test_resnet20_learns_digits(tmp_path: Path) -> None:
             "recipe": {"epochs": 15, "batch_size": 64, "seed": 0},
         }
     )
-    summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=RecordingSink())
+    summary = runs.train(
+        spec, RunOptions(out_dir=tmp_path / "run", data_root=tmp_path), RecordingSink()
+    )
     assert summary["final_test_error"] <= 0.03, summary
     assert (tmp_path / "run" / "summary.json").is_file()
     assert (
@@ -129,7 +134,7 @@ def test_resnet20_learns_digits(tmp_path: Path) -> None:
 def test_recipe_variants_train(tmp_path: Path, recipe: dict[str, Any]) -> None:
     spec = _spec(**recipe)
     sink = RecordingSink()
-    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), out_dir=tmp_path, sink=sink)
+    fit(spec, load_dataset(spec.dataset, data_root=tmp_path), RunOptions(out_dir=tmp_path), sink)
     losses = [v for _, v in sink.series("train/loss")]
     assert len(losses) == 4
     assert all(0 < v < 10 for v in losses)
@@ -144,7 +149,7 @@ def test_defaults_are_recorded_as_used(tmp_path: Path) -> None:
         }
     )
     sink = RecordingSink()
-    summary = runs.train(spec, data_root=tmp_path, out_dir=tmp_path / "run", sink=sink)
+    summary = runs.train(spec, RunOptions(out_dir=tmp_path / "run", data_root=tmp_path), sink)
     assert summary["augmentation"] == {"recipe": "cifar", "pad": 1, "flip": False, "lighting": 0.0}
     assert summary["channels_last"] is True
     assert (
@@ -162,10 +167,10 @@ def test_a_run_started_with_other_augmentation_resumes_with_it(tmp_path: Path) -
     # As a checkpoint written before the auto defaults: pad 4 and flip recorded explicitly.
     explicit = _spec(augment_pad=4, augment_flip=True)
     data = load_dataset(explicit.dataset, data_root=tmp_path)
-    whole = fit(explicit, data, out_dir=tmp_path / "whole", sink=RecordingSink())
-    fit(explicit, data, out_dir=tmp_path / "split", sink=RecordingSink(stop_at=4))
+    whole = fit(explicit, data, RunOptions(out_dir=tmp_path / "whole"), RecordingSink())
+    fit(explicit, data, RunOptions(out_dir=tmp_path / "split"), RecordingSink(stop_at=4))
     sink = RecordingSink()
-    resumed = fit(_spec(), data, out_dir=tmp_path / "split", sink=sink)
+    resumed = fit(_spec(), data, RunOptions(out_dir=tmp_path / "split"), sink)
     cifar = {"recipe": "cifar", "pad": 4, "flip": True, "lighting": 0.0}
     assert resumed["augmentation"] == whole["augmentation"] == cifar
     assert ("info", "augmentation: cifar, pad 4, flip (as the resumed run started)") in sink.events
@@ -193,7 +198,7 @@ def test_digits_defaults_learn_better_than_the_cifar_augmentation(tmp_path: Path
         )
         data = load_dataset(spec.dataset, data_root=tmp_path)
         out_dir = tmp_path / str(len(recipe))
-        summary = fit(spec, data, out_dir=out_dir, sink=RecordingSink(), resume=False)
+        summary = fit(spec, data, RunOptions(out_dir=out_dir, resume=False), RecordingSink())
         return float(summary["final_test_error"])
 
     # Seeds 0, 1, 2 gave 1-2% with the defaults (pad 1, no flip) against 30-55% with pad 4

@@ -20,6 +20,7 @@ from training.data import DatasetInfo, TensorSplit
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.predictor import (
     ImageRejectedError,
     ImageTooLargeError,
@@ -104,7 +105,7 @@ def digits_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, T
         }
     )
     data = load_dataset(spec.dataset, data_root=root)
-    fit(spec, data, out_dir=root, sink=RecordingSink())
+    fit(spec, data, RunOptions(out_dir=root), RecordingSink())
     assert isinstance(data.test, TensorSplit)
     return root / "checkpoints" / "best.pt", data.test
 

@@ -14,6 +14,7 @@ from training.datasets import load_dataset
 from training.evaluate import evaluate
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.pipeline import make_batches
 from training.preprocess import Preprocessing
 from training.runs import evaluate_checkpoint, load_trained_model
@@ -53,7 +54,7 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "recipe": {"epochs": 2, "batch_size": 64, "augment": False},
         }
     )
-    fit(spec, load_dataset(spec.dataset, data_root=root), out_dir=root, sink=RecordingSink())
+    fit(spec, load_dataset(spec.dataset, data_root=root), RunOptions(out_dir=root), RecordingSink())
     return root / "checkpoints" / "best.pt"
 
 
