@@ -3,13 +3,15 @@ registry hands out.
 
 An export is made once per version and format: the version's checkpoint is loaded, its
 served net written and checked against the eager net (`training.export`), and only an
-export within the bound is put to the artifact store, beside its job's checkpoints:
+export within the bound is put to the artifact store, beside its job's checkpoints
+(`core.layout`):
 
     jobs/<job id>/exports/<version row id>/model.onnx | model.torchscript.pt | model.pt2
 
-A `model_export` row records its path (a key in a bucket, else the local store's absolute
-path, as checkpoint rows do), sha256, size and the check's figures. Deleting a version
-deletes its exports' files; the rows go with the version (ON DELETE CASCADE).
+A `model_export` row records its path (what the store records for it: a key in a bucket,
+else the local store's absolute path, as checkpoint rows do), sha256, size and the check's
+figures. Deleting a version deletes its exports' files; the rows go with the version (ON
+DELETE CASCADE).
 Keyword-only service functions over a caller-owned session (the caller commits).
 """
 
@@ -17,43 +19,23 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-import uuid
 from pathlib import Path
 from typing import BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core import artifacts, model_registry, usage
+from core import artifacts, layout, model_registry, usage
 from core.claims import Claims, claims
 from core.db.tables import ModelExport, ModelVersion
 from core.errors import NotFoundError
 from core.owners import Caller
 from core.settings import Settings
-from core.storage import check_key, store_for
+from core.storage import store_for
 from training import export, exporter
 from training.checkpoints import CheckpointError, sha256_of
 
-EXPORTS = "exports"
 READ_CHUNK = 1024 * 1024
-
-
-def prefix(job_id: uuid.UUID, version_id: int) -> str:
-    """The key prefix of one version's exports."""
-    return f"{artifacts.job_prefix(job_id)}{EXPORTS}/{version_id}/"
-
-
-def key(job_id: uuid.UUID, version_id: int, fmt: export.Format) -> str:
-    """The object key of a version's export in `fmt`."""
-    return f"{prefix(job_id, version_id)}model{export.SUFFIXES[fmt]}"
-
-
-def stored_path(settings: Settings, object_key: str) -> str:
-    """What a row records for a file put under `object_key`: the key in a bucket, else the
-    local store's absolute path."""
-    if artifacts.uses_bucket(settings):
-        return object_key
-    return str(artifacts.root(settings) / check_key(object_key))
 
 
 def find(*, session: Session, version_id: int, fmt: str) -> ModelExport | None:
@@ -162,7 +144,8 @@ def _made(
     """The version's export in `fmt`, made in a process of its own, checked and stored; its
     row, not yet added."""
     checkpoint = artifacts.local_file(settings, target.path, target.sha256)
-    object_key = key(target.job_id, target.id, fmt)
+    object_key = layout.export_key(target.job_id, target.id, export.SUFFIXES[fmt])
+    store = store_for(settings)
     with tempfile.TemporaryDirectory(prefix="export-") as folder:
         path = Path(folder) / Path(object_key).name
         checked = exporter.export_in_process(
@@ -174,11 +157,11 @@ def _made(
             tolerance=export.TOLERANCE,
         )
         sha256, size = sha256_of(path), path.stat().st_size
-        store_for(settings).put(object_key, path, sha256)
+        store.put(object_key, path, sha256)
     return ModelExport(
         version_id=target.id,
         format=fmt,
-        path=stored_path(settings, object_key),
+        path=store.ref(object_key),
         sha256=sha256,
         bytes=size,
         max_abs_diff=checked.max_abs_diff,
@@ -192,7 +175,7 @@ def delete_files(settings: Settings, version: ModelVersion) -> int:
     """Delete the files of a version's exports; how many.
 
     `StoreUnavailableError` when the store cannot be reached: the caller keeps the rows."""
-    return store_for(settings).delete_prefix(prefix(version.job_id, version.id))
+    return store_for(settings).delete_prefix(layout.export_prefix(version.job_id, version.id))
 
 
 def open_verified(settings: Settings, path: str, sha256: str) -> BinaryIO:

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 import models
-from core import artifacts, model_registry
+from core import artifacts, layout, model_registry
 from core.db.tables import Checkpoint, Job, ModelVersion, RegisteredModel, utcnow
 from core.errors import InvalidError
 from core.jobs import add_event
@@ -197,12 +197,10 @@ def _checkpoint_row(
     path.with_suffix(".partial").replace(path)
     sha256, size = checkpoints.sha256_of(path), path.stat().st_size
     path.with_suffix(".sha256").write_text(f"{sha256}  {path.name}\n")
-    stored = str(path)
-    if artifacts.uses_bucket(settings):
-        stored = artifacts.checkpoint_key(job_id, path.name)
-        store_for(settings).put(stored, path, sha256)
+    key, store = layout.checkpoint_key(job_id, path.name), store_for(settings)
+    store.put(key, path, sha256)  # the local store holds it there already
     return Checkpoint(
-        job_id=job_id, step=0, epoch=0, path=stored, sha256=sha256, bytes=size, is_best=True
+        job_id=job_id, step=0, epoch=0, path=store.ref(key), sha256=sha256, bytes=size, is_best=True
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from core import artifacts, kinds, owners, resources, workers
 from core.db.tables import (
+    ACTIVE_STATUSES,
     FINAL_STATUSES,
     Checkpoint,
     Event,
@@ -31,7 +32,7 @@ from core.db.tables import (
 from core.errors import ConflictError
 from core.kinds.base import KindSpec
 from core.owners import ANYONE, Caller
-from core.settings import Settings, get_settings
+from core.settings import Settings
 
 
 class LeaseLost(RuntimeError):  # noqa: N818 (a state, as in "the lease is lost")
@@ -70,22 +71,24 @@ def _changeable(session: Session, job_id: uuid.UUID, caller: Caller, action: str
 def create(
     *,
     session: Session,
+    settings: Settings,
     spec: KindSpec,
     max_attempts: int,
     owner_key_id: uuid.UUID | None = None,
     idempotency_key: str | None = None,
     study: tuple[uuid.UUID, int, bool] | None = None,
 ) -> Job:
-    """Add a queued job for `spec` (flushed, not committed).
+    """Add a queued job for `spec` (flushed, not committed), its kind's facts judged with
+    `settings`' budgets.
 
     `study` makes it a study's job: the study, the job's cell, and whether it is held.
     """
-    facts = kinds.get(spec.kind).record(session, spec)
+    stored, facts = kinds.get(spec.kind).record(session, settings, spec)
     job = Job(
         kind=spec.kind,
         name=spec.name,
         tags=list(spec.tags),
-        spec=spec.model_dump(mode="json"),
+        spec=stored.model_dump(mode="json"),
         model_name=facts.model_name,
         model_family=facts.model_family,
         depth=facts.depth,
@@ -100,18 +103,17 @@ def create(
     session.add(job)
     session.flush()
     add_event(session=session, job_id=job.id, level="info", message="queued")
-    _note_unserved(session, job)
+    _note_unserved(session, job, settings.lease_seconds)
     return job
 
 
-def _note_unserved(session: Session, job: Job) -> None:
+def _note_unserved(session: Session, job: Job, lease_seconds: int) -> None:
     """Say so in the job's log when it needs a GPU and no live worker serves its queue."""
     needs = resources.of_spec(job.spec)
     if not needs.gpus:
         return  # every worker takes a job a CPU may run
     queue = resources.queue_for(needs.gpus)
-    lease = get_settings().lease_seconds
-    if workers.serving(session=session, queue=queue, lease_seconds=lease):
+    if workers.serving(session=session, queue=queue, lease_seconds=lease_seconds):
         return
     add_event(
         session=session,
@@ -330,7 +332,7 @@ def edit(
     return job
 
 
-RETRYABLE = ("failed", "cancelled")
+RETRYABLE = ("failed", "cancelled", "pruned")
 
 
 @dataclass(frozen=True)
@@ -349,15 +351,17 @@ def retry(
     job_id: uuid.UUID,
     caller: Caller = ANYONE,
 ) -> Retry:
-    """Queue a failed or cancelled job again, to resume from its last verified checkpoint.
+    """Queue a failed, cancelled or pruned job again, to resume from its last verified
+    checkpoint.
 
     It gets `MAX_ATTEMPTS` more deliveries; its metrics continue on the same step axis.
     """
     job = _changeable(session, job_id, caller, "retry")
     if job.status not in RETRYABLE:
-        hint = "; cancel it first" if job.status in ("queued", "running") else ""
+        hint = "; cancel it first" if job.status in ACTIVE_STATUSES else ""
         raise ConflictError(
-            f"job {job_id} is {job.status}: only a failed or cancelled job can be retried{hint}"
+            f"job {job_id} is {job.status}: only a failed, cancelled or pruned job can be "
+            f"retried{hint}"
         )
     resume = artifacts.last_verified(session=session, settings=settings, job_id=job_id)
     message = (

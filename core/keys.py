@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from client.wire import SCOPES as SCOPES
 from core.db.tables import ApiKey, utcnow
 from core.errors import InvalidError
-
-SCOPES = ("read", "train", "predict", "admin")
 
 
 @dataclass(frozen=True)

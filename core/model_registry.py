@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from core import artifacts
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel, utcnow
 from core.errors import ConflictError, InvalidError, NotFoundError
+from core.kinds.base import registrable, trains
 from core.owners import ANYONE, Caller, check_owner, check_visible
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -52,7 +53,7 @@ class Resolved:
 
 def fine_tuned_from(job: Job) -> dict[str, Any] | None:
     """The job (and version) a train job was fine-tuned from, as its spec pinned it."""
-    init = job.spec.get("init") if job.kind == "train" else None
+    init = job.spec.get("init") if trains(job.kind) else None
     pinned = init.get("resolved") if isinstance(init, dict) else None
     if not isinstance(pinned, dict) or pinned.get("job_id") is None:
         return None
@@ -77,7 +78,7 @@ def register(
     # Locked: concurrent registrations of one job count its versions one after another.
     job = session.get(Job, job_id, with_for_update=True)
     # An import job (`core.imports`) holds converted weights as its one checkpoint.
-    if job is None or job.kind not in ("train", "import") or not caller.sees(job.owner_key_id):
+    if job is None or not registrable(job.kind) or not caller.sees(job.owner_key_id):
         raise InvalidError(
             f"job {job_id} is not a train job of this service", field=("body", "job")
         )
@@ -217,7 +218,7 @@ def resolve(*, session: Session, ref: str) -> Resolved:
     job = session.get(Job, job_id)
     if job is None:
         raise NotFoundError(f"job {ref} does not exist")
-    if job.status != "succeeded" or job.kind != "train":
+    if job.status != "succeeded" or not trains(job.kind):
         raise ConflictError(
             f"job {ref} is a {job.status} {job.kind} job; predict needs a succeeded train job"
         )

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from core.db.tables import Job, Study
-from core.errors import NotFoundError, NotOwnedError
+from core.errors import InvalidError, NotFoundError, NotOwnedError
 from core.keys import Principal
 
 Row = TypeVar("Row", Job, Study)
+Owner = uuid.UUID | Literal["me"] | None  # the owner a list is asked for (`me`: the caller)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,35 @@ class Caller:
 
 
 ANYONE = Caller()  # auth off, or the service itself: reads and changes everything
+
+
+def visible(
+    caller: Caller,
+    owner: ColumnElement[Any] | InstrumentedAttribute[Any],
+    asked: Owner = None,
+    *,
+    noun: str = "rows",
+) -> list[ColumnElement[bool]]:
+    """The WHERE clauses that keep a list's rows (`owner`: their owner column) to those the
+    caller may read and, when asked, to one owner's (`me`: the caller's); `NotOwnedError`
+    for another's when reads keep to their owner."""
+    kept = _kept_to(caller, asked, noun)
+    return [] if kept is None else [owner == kept]
+
+
+def _kept_to(caller: Caller, asked: Owner, noun: str) -> uuid.UUID | None:
+    """The one owner a list keeps to; None: any."""
+    if asked == "me":
+        if caller.owner is None:
+            raise InvalidError("owner=me needs an API key; auth is off", field=("query", "owner"))
+        asked = caller.owner
+    reads_of = caller.reads_of
+    if reads_of is not None and asked is not None and asked != reads_of:
+        raise NotOwnedError(
+            f"this API key reads only its own {noun} (READS_OWNER_ONLY); ask for owner=me or "
+            "leave owner out"
+        )
+    return reads_of if asked is None else asked
 
 
 def check_visible(caller: Caller, owner: uuid.UUID | None, missing: str) -> None:

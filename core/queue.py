@@ -1,9 +1,10 @@
 """The Celery app and its reliability settings, in one place; Redis carries job ids only.
 
-The API enqueues with `enqueue` after its transaction commits; workers import the same
-app (worker/tasks.py registers the task). Postgres stays the source of truth: a lost or
-duplicated message costs nothing, because a task first claims its job in the database.
-A job goes to the queue of what it needs (`core.resources`: `train`, `gpu`, `gpu-N`), read
+The API enqueues with `enqueue` after its transaction commits; a worker builds an app of
+the same configuration (`new_app`) and adds the tasks (`worker.tasks.create_worker_app`).
+Postgres stays the source of truth: a lost or duplicated message costs nothing, because a
+task first claims its job in the database.
+A job goes to the queue of what it needs (`core.resources`: `cpu`, `gpu`, `gpu-N`), read
 from its stored spec; a worker consumes only the queues it can serve.
 """
 
@@ -31,9 +32,18 @@ REAP = "worker.reap_expired"
 QUEUE = resources.CPU_QUEUE  # the queue of jobs a CPU may run; every worker consumes it
 
 
-@lru_cache(maxsize=4)
-def celery_app(broker_url: str, max_job_seconds: int, lease_seconds: int) -> Celery:
-    """The Celery app for a broker; every reliability setting is here, with its reason."""
+def new_app(settings: Settings) -> Celery:
+    """A Celery app of its own, configured by `settings` (a worker's, which adds its tasks)."""
+    return _configured(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
+
+
+def app_for(settings: Settings) -> Celery:
+    """The Celery app that sends jobs to the broker of `settings`, one per process."""
+    return _sender(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
+
+
+def _configured(broker_url: str, max_job_seconds: int, lease_seconds: int) -> Celery:
+    """A Celery app for a broker; every reliability setting is here, with its reason."""
     app = Celery("resnet_service", broker=broker_url)
     app.conf.update(
         # A task is acknowledged only after it ran, so a worker that dies mid-job leaves
@@ -73,9 +83,7 @@ def _transport_options(broker_url: str, max_job_seconds: int) -> dict[str, int]:
     return {"visibility_timeout": max_job_seconds + 3600}
 
 
-def app_for(settings: Settings) -> Celery:
-    """The Celery app configured by `settings`."""
-    return celery_app(settings.broker_url, settings.max_job_seconds, settings.lease_seconds)
+_sender = lru_cache(maxsize=4)(_configured)
 
 
 def queues_in(session: Session, job_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:

@@ -11,9 +11,9 @@ x iterations, about 18 hours of a 2-core CPU) asks for one GPU, any other job fo
 The paper-scale runs of ResNet-56 and deeper, and ImageNet nets at 224 pixels, need a GPU;
 the quick studies and every small run stay runnable on a CPU worker.
 
-Each need has its queue: `train` for jobs a CPU may run, `gpu` for one GPU, `gpu-N` for N.
-A CPU worker consumes `train` only; a worker owning K GPUs consumes `train`, `gpu` and
-`gpu-2` ... `gpu-K`, so a job never reaches a worker that cannot serve it.
+Each need has its queue: `cpu` for jobs a CPU may run (of every kind), `gpu` for one GPU,
+`gpu-N` for N. A CPU worker consumes `cpu` only; a worker owning K GPUs consumes `cpu`,
+`gpu` and `gpu-2` ... `gpu-K`, so a job never reaches a worker that cannot serve it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from training.specs import Spec
 Device = Literal["cpu", "gpu", "any"]
 MAX_GPUS = 8  # the most GPUs one job may ask for: one machine's
 GPU_DEFAULT_MACS = 1e15  # above this a train job asks for a GPU unless it says otherwise
-CPU_QUEUE = "train"
+CPU_QUEUE = "cpu"
 GPU_QUEUE = "gpu"
 
 

@@ -13,6 +13,12 @@ file whose bytes match that sha256, or an error that says why not:
 `ARTIFACT_STORE` chooses the store: `local` keeps objects as files under `ARTIFACT_DIR`;
 `s3` keeps them in the bucket `S3_BUCKET` and fetches them into a bounded local cache
 (`ARTIFACT_CACHE_DIR`, at most `ARTIFACT_CACHE_BYTES`) of files named by their sha256.
+Where the two differ, the store answers, so that no caller asks which it is: what a row
+records for an object (`ref`: the local store's absolute path, or the key) and a local file
+of it (`local_path`: the file as it lies, or the object fetched); copies of this machine's
+files for other machines (`share`, `fetch_shared`, `delete_shared`: the bucket's, none in a
+local folder that serves one machine); and this machine's working copies of stored files
+(`release`: dropped where the bucket keeps the objects). Keys follow `core.layout`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import shutil
 import time
 import uuid
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +117,44 @@ class Store(Protocol):
         """The keys that start with `prefix`, sorted."""
         ...
 
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """The bytes of each object whose key starts with `prefix`."""
+        ...
+
+    def ref(self, key: str) -> str:
+        """What a database row records for the object under `key` (`local_path` reads it)."""
+        ...
+
+    def key_of(self, ref: str) -> str | None:
+        """The key of the object a row's recorded `ref` names; None when it names nothing
+        of the store (a file elsewhere, or no plain key)."""
+        ...
+
+    def local_path(self, ref: str, sha256: str) -> Path:
+        """A local file with the bytes a row's recorded `ref` names: a file of this machine
+        as it is, else the object fetched and verified against `sha256`."""
+        ...
+
+    def share(self, key: str, source: Path, sha256: str) -> None:
+        """Keep a copy of `source`, a file this machine holds outside the store, under `key`
+        for the other machines that read the store."""
+        ...
+
+    def fetch_shared(self, prefix: str, sha256: str) -> tuple[str, Path] | None:
+        """The first shared copy under `prefix` and a local file of it, verified; None when
+        the store serves this machine alone (its own files are all there is)."""
+        ...
+
+    def delete_shared(self, prefix: str) -> int:
+        """Delete the objects under `prefix` that live apart from this machine's files; how
+        many (this machine's files go with their owner's own removal)."""
+        ...
+
+    def release(self, prefix: str) -> None:
+        """Remove this machine's working copies (under `ARTIFACT_DIR`) of the objects under
+        `prefix`, where the store keeps them apart; files that are the objects stay."""
+        ...
+
 
 def check_key(key: str) -> str:
     """`key` when it is a relative POSIX path without `.`, `..` or empty parts."""
@@ -166,20 +211,63 @@ def fsync(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def recorded_file(ref: str) -> Path | None:
+    """The file a row's recorded `ref` names, as the local store records objects (an
+    absolute path); None when `ref` is an object key (relative)."""
+    path = Path(ref)
+    return path if path.is_absolute() else None
+
+
 def is_temp(path: Path) -> bool:
     """Whether `path` is the temporary file of a write in progress (or of a crashed one)."""
     return path.name.endswith(TEMP_SUFFIX)
 
 
-class LocalStore:
+class Recorded(ABC):
+    """How rows name objects, alike in both stores: by key, or by the absolute path of a
+    file under `root`, this machine's `ARTIFACT_DIR` (as the local store records them)."""
+
+    root: Path
+
+    @abstractmethod
+    def fetch(self, key: str, sha256: str) -> Path:
+        """A local file with the bytes of `key`, verified against `sha256`."""
+
+    def key_of(self, ref: str) -> str | None:
+        """The key a row's `ref` names: the key itself, or a file's path below `root`."""
+        file = recorded_file(ref)
+        if file is None:
+            try:
+                return check_key(ref)  # as the row holds it, never normalised
+            except ValueError:
+                return None
+        resolved = file.resolve()
+        return (
+            resolved.relative_to(self.root).as_posix()
+            if resolved.is_relative_to(self.root)
+            else None
+        )
+
+    def local_path(self, ref: str, sha256: str) -> Path:
+        """The file a row's `ref` names as it is (no copy), else its object, fetched."""
+        file = recorded_file(ref)
+        return file if file is not None else self.fetch(ref, sha256)
+
+
+class LocalStore(Recorded):
     """Objects as files under a folder (the default store, `ARTIFACT_DIR`).
 
     The store keeps no metadata: a fetch hashes the file and compares with the caller's
-    sha256, the one the database recorded.
+    sha256, the one the database recorded. It serves this machine alone: its files are
+    the working copies, nothing is shared apart from them.
     """
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
+
+    def ref(self, key: str) -> str:
+        """The object's file, as an absolute path."""
+        return str(self.path_of(key))
 
     def path_of(self, key: str) -> Path:
         """Where the object `key` lives."""
@@ -223,6 +311,34 @@ class LocalStore:
             if path.is_file() and not is_temp(path)
         )
         return sorted(key for key in found if key.startswith(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """The bytes of each file under `prefix` (one deleted meanwhile is left out)."""
+        found = {}
+        for key in self.keys(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                found[key] = self.path_of(key).stat().st_size
+        return found
+
+    def share(self, key: str, source: Path, sha256: str) -> None:
+        """Nothing to keep: no other machine reads this folder."""
+        check_key(key)
+        check_sha256(sha256)
+
+    def fetch_shared(self, prefix: str, sha256: str) -> tuple[str, Path] | None:
+        """None: nothing is shared apart from this machine's own files."""
+        check_prefix(prefix)
+        check_sha256(sha256)
+        return None
+
+    def delete_shared(self, prefix: str) -> int:
+        """None to delete: the objects are this machine's files, which their owner removes."""
+        check_prefix(prefix)
+        return 0
+
+    def release(self, prefix: str) -> None:
+        """Nothing to release: the files are the objects."""
+        check_prefix(prefix)
 
     def _prune(self, folder: Path) -> None:
         """Remove `folder` and its parents below the root while they are empty."""
@@ -328,10 +444,14 @@ def touch(path: Path) -> None:
     os.utime(path, ns=(now, now))
 
 
-class S3Store:
-    """Objects in a bucket of an S3-compatible store, fetched into a bounded local cache."""
+class S3Store(Recorded):
+    """Objects in a bucket of an S3-compatible store, fetched into a bounded local cache.
+
+    Workers write files into `ARTIFACT_DIR` (`root`) first, then put them to the bucket:
+    those files are working copies, released once their job ends."""
 
     def __init__(self, settings: Settings) -> None:
+        self.root = settings.artifact_dir.resolve()
         self.bucket = settings.s3_bucket
         self.endpoint = settings.s3_endpoint_url or "AWS S3"
         self.client = s3_client(settings)
@@ -418,13 +538,44 @@ class S3Store:
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys under `prefix`, page by page."""
+        return sorted(self.sizes(prefix))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """The bytes of each object under `prefix`, as the listing gives them, page by page."""
         check_prefix(prefix)
         self.ensure_bucket()
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=prefix
         )
         with self.translated(f"keys under {prefix!r}"):
-            return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+            return {
+                item["Key"]: item["Size"] for page in pages for item in page.get("Contents", [])
+            }
+
+    def ref(self, key: str) -> str:
+        """The key itself."""
+        return check_key(key)
+
+    def share(self, key: str, source: Path, sha256: str) -> None:
+        """Put the file under `key`."""
+        self.put(key, source, sha256)
+
+    def fetch_shared(self, prefix: str, sha256: str) -> tuple[str, Path] | None:
+        """The first object under `prefix`, fetched; `ObjectMissingError` when there is none."""
+        found = self.keys(prefix)
+        if not found:
+            raise ObjectMissingError(f"nothing under {prefix!r} is in {self.location()}")
+        return found[0], self.fetch(found[0], sha256)
+
+    def delete_shared(self, prefix: str) -> int:
+        """Delete the objects under `prefix` (`delete_prefix`)."""
+        return self.delete_prefix(prefix)
+
+    def release(self, prefix: str) -> None:
+        """Remove this machine's files under `prefix`, if it has any."""
+        if not check_prefix(prefix):
+            raise ValueError("an empty prefix would release the whole artifact folder")
+        shutil.rmtree(self.root / prefix, ignore_errors=True)
 
     def location(self) -> str:
         """The bucket and its store, for messages."""
@@ -499,6 +650,12 @@ def is_transient(error: BaseException) -> bool:
 def error_code(error: ClientError) -> str:
     """The S3 error code of a client error ("NoSuchKey", "404", "SlowDown", ...)."""
     return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def shared_store(settings: Settings) -> Store | None:
+    """The store when it keeps objects apart from this machine's `ARTIFACT_DIR`, so files
+    written there must be put to it too; None when that folder is the store itself."""
+    return store_for(settings) if settings.artifact_store == "s3" else None
 
 
 _stores: dict[int, tuple[weakref.ref[Settings], Store]] = {}

@@ -9,10 +9,11 @@ temporaries of an upload are held while in use; those of a killed process are sw
 the API starts and before each upload. An upload a queued or running job reads cannot be
 deleted; its files go with its last row.
 
-With an object store (`ARTIFACT_STORE=s3`) the archive itself is kept in the bucket too,
-as `uploads/<sha256>/archive.zip` (or `.tar`), its sha256 the upload's id: a worker that
-lacks `DATA_DIR/uploads/<sha256>/` fetches, verifies and unpacks it before the job reads
-it (`materialize`). Deleting the upload deletes its objects.
+With an object store (`ARTIFACT_STORE=s3`) the archive itself is shared through the bucket,
+as `uploads/<sha256>/archive.zip` (or `.tar`, `core.layout`), its sha256 the upload's id: a
+worker that lacks `DATA_DIR/uploads/<sha256>/` fetches, verifies and unpacks it before the
+job reads it (`materialize`). Deleting the upload deletes its objects. The local store
+shares nothing: its machine's unpacked files are all there is.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
-from core.artifacts import uses_bucket
+from core import layout, listing
 from core.db.session import take_turns
-from core.db.tables import Job
+from core.db.tables import ACTIVE_STATUSES, Job
 from core.db.tables import Upload as Row
 from core.errors import ConflictError, InvalidError, NotFoundError
 from core.owners import Caller, check_owner
@@ -45,9 +46,8 @@ from training.datasets.archives import (
     unpack_archive,
 )
 
-FOLDER = "uploads"  # under DATA_DIR
+FOLDER = layout.UPLOADS  # under DATA_DIR
 _ID = re.compile(r"[0-9a-f]{64}")
-ACTIVE = ("queued", "running")
 
 
 def folder(settings: Settings) -> Path:
@@ -63,7 +63,7 @@ def sweep_temporaries(settings: Settings) -> list[str]:
 
 def path_of(upload_id: str) -> str:
     """An upload's dataset path, relative to DATA_DIR (a job's `dataset.path`)."""
-    return f"{FOLDER}/{upload_id}"
+    return layout.upload_path(upload_id)
 
 
 def _owned_by(owner: uuid.UUID | None) -> ColumnElement[bool]:
@@ -121,8 +121,8 @@ def store(archive: Path, *, session: Session, settings: Settings, owner: uuid.UU
     except ArchiveLimitError:
         _drop_unkept(session, upload_id, tree)
         raise
-    if uses_bucket(settings):  # before the row: no row names an archive the store lacks
-        put_archive(archive, upload_id, tree, session=session, settings=settings)
+    # Before the row: no row names an archive the store lacks.
+    put_archive(archive, upload_id, tree, session=session, settings=settings)
     row = kept or Row(sha256=upload_id, owner_key_id=owner)
     row.files, row.bytes = files, disk
     session.add(row)
@@ -158,10 +158,11 @@ def _drop_unkept(session: Session, upload_id: str, tree: Path) -> None:
 def put_archive(
     archive: Path, upload_id: str, tree: Path, *, session: Session, settings: Settings
 ) -> None:
-    """Put the archive to the object store; when it cannot be, nothing of it is kept here
-    either (unless another owner's row keeps the same files)."""
+    """Share the archive through the store (for workers on other machines); when it cannot
+    be, nothing of it is kept here either (unless another owner's row keeps the same files)."""
     try:
-        store_for(settings).put(archive_key(archive, upload_id), archive, upload_id)
+        key = layout.archive_key(upload_id, archive.name)
+        store_for(settings).share(key, archive, upload_id)
     except StoreError:
         _drop_unkept(session, upload_id, tree)
         raise
@@ -169,16 +170,20 @@ def put_archive(
 
 def visible(*, session: Session, caller: Caller) -> list[Row]:
     """The upload rows `caller` may read, newest first."""
-    query = select(Row).order_by(Row.created_at.desc(), Row.id.desc())
-    if caller.reads_of is not None:
-        query = query.where(Row.owner_key_id == caller.reads_of)
-    return list(session.scalars(query))
+    page = listing.page(
+        session=session, query=select(Row), order=NEWEST, caller=caller, owner=Row.owner_key_id
+    )
+    return page.items
+
+
+NEWEST = listing.newest(Row.created_at, Row.id, noun="upload", id_kind="integer")
 
 
 def readers(*, session: Session, settings: Settings, upload_id: str) -> list[uuid.UUID]:
     """The queued and running jobs whose dataset lies in the upload's folder."""
     tree = (folder(settings) / upload_id).resolve()
-    rows = session.execute(select(Job.id, Job.spec).where(Job.status.in_(ACTIVE))).all()
+    query = select(Job.id, Job.spec).where(Job.status.in_(ACTIVE_STATUSES))
+    rows = session.execute(query).all()
     return [job_id for job_id, spec in rows if _reads(spec, settings.data_dir, tree)]
 
 
@@ -218,23 +223,9 @@ def delete(*, session: Session, settings: Settings, caller: Caller, upload_id: s
     return tree if len(mine) == len(rows) else None
 
 
-def prefix_of(upload_id: str) -> str:
-    """The object key prefix of an upload's objects."""
-    return f"{FOLDER}/{upload_id}/"
-
-
-def archive_key(archive: Path, upload_id: str) -> str:
-    """The object key of an upload's archive (a zip, or a tar of any compression)."""
-    return prefix_of(upload_id) + (
-        "archive.zip" if archive.name.lower().endswith(".zip") else "archive.tar"
-    )
-
-
 def delete_objects(settings: Settings, upload_id: str) -> int:
-    """Delete an upload's objects from the object store (none with the local store)."""
-    if not uses_bucket(settings):
-        return 0
-    return store_for(settings).delete_prefix(prefix_of(upload_id))
+    """Delete the objects the store shares of an upload (none with the local store)."""
+    return store_for(settings).delete_shared(layout.upload_prefix(upload_id))
 
 
 def upload_of(dataset: object) -> str | None:
@@ -248,20 +239,23 @@ def upload_of(dataset: object) -> str | None:
 
 def materialize(settings: Settings, dataset: object) -> Path | None:
     """Unpack the upload a job's dataset names into `DATA_DIR/uploads/`, fetched from the
-    object store (and verified by its sha256), unless this machine has it already."""
+    object store (and verified by its sha256), unless this machine has it already; None
+    for a dataset that is no upload, or a store that shares none (the local store)."""
     upload_id = upload_of(dataset)
-    if upload_id is None or not uses_bucket(settings):
+    if upload_id is None:
         return None
     tree = folder(settings) / upload_id
     if tree.is_dir():
         return tree
-    store = store_for(settings)
-    keys = store.keys(prefix_of(upload_id))
-    if not keys:
-        raise ObjectMissingError(f"upload {upload_id} is missing from the object store")
-    fetched = store.fetch(keys[0], upload_id)
+    try:
+        shared = store_for(settings).fetch_shared(layout.upload_prefix(upload_id), upload_id)
+    except ObjectMissingError:
+        raise ObjectMissingError(f"upload {upload_id} is missing from the object store") from None
+    if shared is None:
+        return None
+    key, fetched = shared
     with temporary(folder(settings), FETCHING, folder=True) as scratch:
-        named = scratch / keys[0].rsplit("/", 1)[1]  # unpacking reads the suffix
+        named = scratch / key.rsplit("/", 1)[1]  # unpacking reads the suffix
         named.symlink_to(fetched)
         limits = Limits(
             max_bytes=settings.upload_max_unpacked_bytes, max_ratio=settings.upload_max_ratio

@@ -23,16 +23,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from core import admission, artifacts
+from core import admission, artifacts, layout
 from core.db.tables import FINAL_STATUSES, ApiKey, Job, ModelExport
 from core.errors import InvalidError
 from core.jobs import LeaseLost
 from core.settings import Settings
-from core.storage import S3Store, store_for
+from core.storage import store_for
 from training.specs import TrainSpec
 
 SETTING = "MAX_ARTIFACT_BYTES_PER_OWNER"
-EXPORTS = "exports"  # a job's exports' folder, counted for the keys that made them
 # Copies of the parameters a checkpoint holds: the weights, then per optimizer its state.
 _CHECKPOINT_COPIES = {"sgd": 2, "nesterov": 2, "adamw": 3}
 
@@ -59,9 +58,8 @@ class Usage:
 
 def job_bytes(settings: Settings, job_id: uuid.UUID) -> int:
     """The bytes a job's files take in the store, its exports left out."""
-    if artifacts.uses_bucket(settings):
-        return _bucket_bytes(settings, artifacts.job_prefix(job_id))
-    return folder_bytes(settings, job_id)
+    sizes = store_for(settings).sizes(layout.job_prefix(job_id))
+    return sum(size for key, size in sizes.items() if not layout.is_export_key(key))
 
 
 def folder_bytes(settings: Settings, job_id: uuid.UUID) -> int:
@@ -75,7 +73,7 @@ def folder_bytes(settings: Settings, job_id: uuid.UUID) -> int:
 
 def _counted(folder: Path, path: Path) -> bool:
     """Whether a path of a job's folder is a file of the job's own (not an export's)."""
-    return path.is_file() and path.relative_to(folder).parts[0] != EXPORTS
+    return path.is_file() and path.relative_to(folder).parts[0] != layout.EXPORTS
 
 
 def _file_size(path: Path) -> int:
@@ -83,23 +81,6 @@ def _file_size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:  # pruned meanwhile
         return 0
-
-
-def _bucket_bytes(settings: Settings, prefix: str) -> int:
-    """The bytes of the objects under `prefix`, exports left out, page by page."""
-    store = store_for(settings)
-    assert isinstance(store, S3Store)
-    store.ensure_bucket()
-    pages = store.client.get_paginator("list_objects_v2").paginate(
-        Bucket=store.bucket, Prefix=prefix
-    )
-    with store.translated(f"keys under {prefix!r}"):
-        return sum(
-            item["Size"]
-            for page in pages
-            for item in page.get("Contents", [])
-            if not item["Key"].removeprefix(prefix).startswith(f"{EXPORTS}/")
-        )
 
 
 def record_job(*, session: Session, settings: Settings, job_id: uuid.UUID) -> int:

@@ -1,9 +1,9 @@
 """The workers' register: each worker's main process writes its row at start, and a
 heartbeat every reaper pass; its job process notes the job it runs and when it ends.
 
-A worker unseen for `LOST_AFTER_LEASES` leases is `lost` (its jobs' leases ran out too, and
-the reapers re-enqueue them); a worker that stops cleanly takes its row away, and one lost
-for `FORGET_AFTER` is forgotten.
+A worker unseen for `WORKER_LOST_AFTER_LEASES` leases is `lost` (its jobs' leases ran out
+too, and the reapers re-enqueue them); a worker that stops cleanly takes its row away, and
+one lost for `FORGET_AFTER` is forgotten.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from sqlalchemy.orm import Session
 
 from core.db.tables import Worker, utcnow
 
-LOST_AFTER_LEASES = 3  # a heartbeat comes every third of a lease: nine missed ones
+# A worker unseen this many lease periods is `lost`; a heartbeat comes every third of a lease,
+# so that is nine missed ones.
+WORKER_LOST_AFTER_LEASES = 3
 FORGET_AFTER = timedelta(days=7)  # a lost worker's row stays this long, for the record
 State = Literal["alive", "lost"]
 
@@ -95,8 +97,8 @@ def forget_lost(*, session: Session, unseen_for: timedelta) -> int:
 
 
 def state(worker: Worker, *, lease_seconds: int, now: datetime | None = None) -> State:
-    """`lost` when unseen for `LOST_AFTER_LEASES` leases, else `alive`."""
-    cutoff = (now or utcnow()) - timedelta(seconds=LOST_AFTER_LEASES * lease_seconds)
+    """`lost` when unseen for `WORKER_LOST_AFTER_LEASES` leases, else `alive`."""
+    cutoff = (now or utcnow()) - timedelta(seconds=WORKER_LOST_AFTER_LEASES * lease_seconds)
     return "alive" if _aware(worker.last_seen_at) >= cutoff else "lost"
 
 

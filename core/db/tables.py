@@ -30,6 +30,10 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from client.wire import ACTIVE_STATUSES as ACTIVE_STATUSES
+from client.wire import FINAL_STATUSES as FINAL_STATUSES
+from client.wire import JOB_STATUSES as JOB_STATUSES
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -37,8 +41,6 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 # Postgres-only GIN indexes of job.spec and job.tags as jsonb (migration 0008): expression
@@ -167,7 +169,8 @@ class Job(Base):
 
 
 class Study(Base):
-    """A grid of train jobs (cells x seeds) run and read as one experiment."""
+    """A grid of train jobs (cells x seeds), or a search's trials, run and read as one
+    experiment."""
 
     __tablename__ = "study"
 
@@ -181,6 +184,8 @@ class Study(Base):
     cells: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     metric: Mapped[str] = mapped_column(String(32))  # the aggregate the papers' numbers meet
     max_parallel: Mapped[int] = mapped_column(Integer)
+    # A search's sampler (random, tpe): its cells are trials, asked for as jobs end.
+    search: Mapped[str | None] = mapped_column(String(16))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     owner_key_id: Mapped[uuid.UUID | None] = mapped_column(

@@ -2,19 +2,29 @@
 
 Adding a kind is one module here defining its `KIND`, and one entry in the registration
 below (whose order is the order the API lists them in). `JobSpec` is the union of the
-registered specs, discriminated by `kind`, that `POST /api/v1/jobs` accepts.
+registered specs, discriminated by `kind`, that `POST /api/v1/jobs` accepts; `parse` reads
+one with the budgets of the settings it is given.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 from sqlalchemy.orm import Session
 
 from core.errors import InvalidError
 from core.kinds import evaluate, imported, predict, train
-from core.kinds.base import KINDS, JobKind, KindSpec, RowFacts, RunContext, register
+from core.kinds.base import (
+    KINDS,
+    JobKind,
+    KindSpec,
+    RowFacts,
+    RunContext,
+    register,
+    training_of,
+    validation_context,
+)
 from core.kinds.evaluate import EvaluateJobSpec
 from core.kinds.imported import ImportJobSpec
 from core.kinds.predict import PredictJobSpec
@@ -37,9 +47,11 @@ __all__ = [
     "evaluate",
     "get",
     "imported",
+    "parse",
     "predict",
     "shown",
     "train",
+    "training_of",
 ]
 
 register(train.KIND)
@@ -76,3 +88,11 @@ else:
         Union[tuple(kind.spec for kind in KINDS.values())],  # noqa: UP007 (built at run time)
         Field(discriminator="kind"),
     ]
+
+_JOB_SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
+
+
+def parse(payload: Any, settings: Settings) -> KindSpec:
+    """`payload` as the spec of the kind it names, within the budgets of `settings`;
+    pydantic's `ValidationError` when it is none."""
+    return _JOB_SPEC.validate_python(payload, context=validation_context(settings))

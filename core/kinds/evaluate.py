@@ -16,11 +16,11 @@ from core import admission, artifacts, resources
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.errors import InvalidError, NotFoundError
-from core.kinds.base import KINDS, JobKind, RowFacts, RunContext
+from core.kinds.base import KINDS, JobKind, RowFacts, RunContext, trains
 from core.kinds.reads import check_dataset
 from core.owners import Caller
 from core.resources import ResourcesSpec
-from core.settings import Settings, get_settings
+from core.settings import Settings
 from training.evaluate import Evaluation
 from training.runs import evaluate_checkpoint, json_safe
 from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
@@ -57,12 +57,15 @@ class EvaluateJobSpec(Spec):
         return self
 
 
-def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
-    """The source job's net, and the dataset; the source must be a succeeded train job, and
-    its net evaluated on the dataset's images within the memory budget."""
+def record(
+    session: Session, settings: Settings, spec: EvaluateJobSpec
+) -> tuple[EvaluateJobSpec, RowFacts]:
+    """The spec as given, the source job's net and the dataset; the source must be a
+    succeeded job that trained its net, evaluated on the dataset's images within the memory
+    budget."""
     source = session.get(Job, spec.source_job)
     where = ("body", "source_job")
-    if source is None or source.kind != "train":
+    if source is None or not trains(source.kind):
         raise InvalidError(
             f"source_job {spec.source_job} is not a train job of this service", field=where
         )
@@ -70,7 +73,7 @@ def record(session: Session, spec: EvaluateJobSpec) -> RowFacts:
         raise InvalidError(
             f"source_job {spec.source_job} is {source.status}, not succeeded", field=where
         )
-    return facts_of(source, spec.dataset)
+    return spec, facts_of(source, spec.dataset, settings)
 
 
 def check_access(
@@ -87,15 +90,15 @@ def check_access(
     check_dataset(session, settings, spec.dataset, caller)
 
 
-def facts_of(source: Job, dataset: DatasetSpec) -> RowFacts:
+def facts_of(source: Job, dataset: DatasetSpec, settings: Settings) -> RowFacts:
     """The row facts of a job that runs `source`'s net over `dataset`, once that net is
-    checked to fit the memory budget on the dataset's images."""
+    checked to fit the memory budget of `settings` on the dataset's images."""
     made = KINDS[source.kind].net
     if made is None:
         raise InvalidError(f"job {source.id} is a {source.kind} job: it holds no net to run")
     net, classes = made(source.spec)
     shape = dataclasses.replace(admission.shape_of(dataset), num_classes=classes)
-    admission.check_evaluate(net, shape, get_settings())
+    admission.check_evaluate(net, shape, settings)
     return RowFacts(
         dataset_name=dataset.name,
         model_name=source.model_name,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.errors import InvalidError
 from core.kinds.base import JobKind, RowFacts, RunContext
+from core.settings import Settings
 from training.specs import ModelSpec, Spec, Tag
 
 MADE_BY = "POST /api/v1/registry/{name}/versions/import"
@@ -33,7 +34,9 @@ class ImportJobSpec(Spec):
     classes: int = Field(ge=1, description="How many classes the net answers.")
 
 
-def record(_session: Session, _spec: ImportJobSpec) -> RowFacts:
+def record(
+    _session: Session, _settings: Settings, _spec: ImportJobSpec
+) -> tuple[ImportJobSpec, RowFacts]:
     """Refused: an import job is made by the import, with its weights."""
     raise InvalidError(
         f"an import job is made by {MADE_BY} with the weights file, not submitted",
@@ -59,4 +62,5 @@ KIND = JobKind(
     record=record,
     run=run,
     net=net_of,
+    queued=False,
 )

@@ -105,13 +105,16 @@ def check_access(
     check_dataset(session, settings, spec.dataset, caller)
 
 
-def record(session: Session, spec: PredictJobSpec) -> RowFacts:
-    """The model's net and the dataset; pins the checkpoint the reference names now."""
+def record(
+    session: Session, settings: Settings, spec: PredictJobSpec
+) -> tuple[PredictJobSpec, RowFacts]:
+    """The spec with the checkpoint the reference names now pinned; the model's net and the
+    dataset."""
     target = resolve_model(session, spec.model)
     source = session.get(Job, target.job_id)
     if source is None:
         raise InvalidError(f"the job of {spec.model!r} is gone", field=("body", "model"))
-    facts = facts_of(source, spec.dataset)
+    facts = facts_of(source, spec.dataset, settings)
     pinned = PinnedModel(
         ref=spec.model,
         job_id=target.job_id,
@@ -121,8 +124,7 @@ def record(session: Session, spec: PredictJobSpec) -> RowFacts:
         path=target.path,
         sha256=target.sha256,
     )
-    object.__setattr__(spec, "resolved", pinned)  # the stored spec holds what runs
-    return facts
+    return spec.model_copy(update={"resolved": pinned}), facts  # the stored spec holds what runs
 
 
 def run(spec: PredictJobSpec, context: RunContext) -> dict[str, Any]:

@@ -12,20 +12,21 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, model_validator
 from sqlalchemy.orm import Session
 
 import models
 from core import admission, artifacts, model_registry, resources
 from core.db.tables import Job
 from core.errors import ConflictError, InvalidError, NotFoundError
-from core.kinds.base import JobKind, RowFacts, RunContext
+from core.kinds.base import JobKind, RowFacts, RunContext, settings_of
 from core.kinds.reads import check_dataset
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
-from core.settings import Settings, get_settings
+from core.settings import Settings
 from training import finetune, runs
 from training.data import LoadedDataset
+from training.options import RunOptions
 from training.recipe import total_iterations
 from training.specs import DatasetSpec, ModelSpec, PinnedInit, TrainSpec
 
@@ -39,11 +40,16 @@ class TrainJobSpec(TrainSpec):
     )
 
     @model_validator(mode="after")
-    def _within_budgets(self) -> TrainJobSpec:
-        # Every job spec passes here (a submission, a study's cells, a worker's delivery),
-        # so no spec reaches a worker that would take more than the process's budgets.
+    def _within_budgets(self, info: ValidationInfo) -> TrainJobSpec:
+        # Every job spec is parsed with the settings of the process that parses it (a
+        # submission, a study's cells, a worker's delivery: `JobKind.parse`), so no spec
+        # reaches a worker that would take more than that process's budgets.
+        settings, shape = settings_of(info), admission.shape_of(self.dataset)
         try:
-            costs = admission.check_train(self, admission.shape_of(self.dataset), get_settings())
+            if settings is None:
+                costs = admission.costs(self, shape)
+            else:
+                costs = admission.check_train(self, shape, settings)
         except InvalidError as error:
             raise ValueError(error.message) from None
         # The spec states what it uses: the default resources follow the job's compute.
@@ -105,24 +111,27 @@ def net_of(stored: dict[str, Any]) -> tuple[ModelSpec, int]:
     return trained.model, admission.shape_of(trained.dataset).num_classes
 
 
-def record(session: Session, spec: TrainJobSpec) -> RowFacts:
-    """The net's name, family and depth, and the dataset; a fine-tune's source job, its
-    checkpoint pinned in the spec."""
+def record(
+    session: Session, _settings: Settings, spec: TrainJobSpec
+) -> tuple[TrainJobSpec, RowFacts]:
+    """The spec with a fine-tune's checkpoint pinned; the net's name, family and depth, the
+    dataset and a fine-tune's source job."""
+    pinned, source = _pin_init(session, spec)
     name = spec.model.name
-    return RowFacts(
+    return pinned, RowFacts(
         dataset_name=spec.dataset.name,
         model_name=name,
         model_family=models.parse_name(name).family,
         depth=models.resolve(name, **spec.model.options).depth,
-        source_job_id=_pin_init(session, spec),
+        source_job_id=source,
     )
 
 
-def _pin_init(session: Session, spec: TrainJobSpec) -> uuid.UUID | None:
-    """Pin the checkpoint `init.source` names now (moving an alias later changes nothing);
-    the source job's id. A 422 when the net is not the source's."""
+def _pin_init(session: Session, spec: TrainJobSpec) -> tuple[TrainJobSpec, uuid.UUID | None]:
+    """The spec with the checkpoint `init.source` names now pinned (moving an alias later
+    changes nothing), and the source job's id. A 422 when the net is not the source's."""
     if spec.init is None:
-        return None
+        return spec, None
     target = resolve_init(session, spec.init.source)
     source = session.get(Job, target.job_id)
     if source is None:
@@ -141,9 +150,8 @@ def _pin_init(session: Session, spec: TrainJobSpec) -> uuid.UUID | None:
         sha256=target.sha256,
         path=target.path,
     )
-    # The stored spec holds what runs.
-    object.__setattr__(spec.init, "resolved", pinned)
-    return target.job_id
+    init = spec.init.model_copy(update={"resolved": pinned})  # the stored spec holds what runs
+    return spec.model_copy(update={"init": init}), target.job_id
 
 
 def _net_of(job: Job) -> ModelSpec | None:
@@ -158,18 +166,17 @@ def _net_of(job: Job) -> ModelSpec | None:
 def run(spec: TrainJobSpec, context: RunContext) -> dict[str, Any]:
     """Train in the job's folder, resuming from its latest checkpoint; returns the summary."""
     settings = context.settings
-    return runs.train(
-        _with_init_file(training_spec(spec.model_dump()), settings),
-        data_root=settings.data_dir,
+    options = RunOptions(
         out_dir=artifacts.job_dir(settings, context.job_id),
-        sink=context.sink,
+        data_root=settings.data_dir,
         device=context.device,
         download=settings.allow_downloads,
         resume=True,
         prepare=lambda data: _prepare(spec, data, context),
         free_margin=settings.checkpoint_free_margin_bytes,
-        nproc=processes(spec),
     )
+    train_spec = _with_init_file(training_spec(spec.model_dump()), settings)
+    return runs.train(train_spec, options, context.sink, nproc=processes(spec))
 
 
 def _prepare(spec: TrainJobSpec, data: LoadedDataset, context: RunContext) -> None:
@@ -224,6 +231,7 @@ KIND = JobKind(
     record=record,
     run=run,
     net=net_of,
+    trains=training_spec,
     check=check_access,
     server_paths=(("spec", "init", "resolved", "path"),),
 )

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from core import admission
 from core.errors import InvalidError
-from core.kinds import TrainJobSpec
+from core.kinds import TrainJobSpec, train
+from core.settings import Settings
 from training.specs import TrainSpec
 
 SECTIONS = ("model", "dataset", "recipe")
@@ -133,12 +134,14 @@ def expand(
     grid: dict[str, list[Any]],
     seeds: list[int],
     *,
+    settings: Settings,
     name: str | None,
     tags: list[str],
     max_jobs: int,
     max_families: int | None = None,
 ) -> Expanded:
-    """Every cell x seed as a validated train spec, or `InvalidError` for the first bad one.
+    """Every cell x seed as a train spec validated within the budgets of `settings`, or
+    `InvalidError` for the first bad one.
 
     With `max_families`, the cells may ask admission to count at most that many net
     families (`admission.family`); None bounds nothing (a study run locally)."""
@@ -152,7 +155,7 @@ def expand(
     for seed in seeds:
         for index, cell in enumerate(found):
             payload = payload_of(base, cell, seed, name=name, tags=tags)
-            jobs.append((index, seed, _validated(payload, index, cell)))
+            jobs.append((index, seed, validated(settings, payload, index, cell)))
     return Expanded(found, jobs)
 
 
@@ -222,9 +225,13 @@ def payload_of(
     return {"kind": "train", **payload}
 
 
-def _validated(payload: dict[str, Any], index: int, cell: dict[str, Any]) -> TrainJobSpec:
+def validated(
+    settings: Settings, payload: dict[str, Any], index: int, cell: dict[str, Any]
+) -> TrainJobSpec:
+    """The cell's payload as a train job spec within `settings`' budgets, or `InvalidError`
+    naming the cell and the field."""
     try:
-        return TrainJobSpec.model_validate(payload)
+        return train.KIND.parse(payload, settings)
     except ValidationError as error:
         problem = error.errors()[0]
         where = ".".join(_in_payload(payload, problem["loc"]))

@@ -4,6 +4,10 @@ A preset is one figure or table of He et al. 2015 ("Deep Residual Learning") or 
 ("Identity Mappings"). `Preset.plan` expands it into a study's base train spec, grid and
 seeds; `Preset.paper_number` gives the papers' number for a cell, as a fraction.
 
+`Preset.claims` are the orderings its paper states between its cells (plain-56 above
+plain-44 in training error, full pre-activation below every other unit in test error), which
+`results.claims` tests on a study's seeds.
+
 `quick` trains a 6,000-image subset for at most 300 iterations, with a warm-up and a
 cosine decay, so that 3 seeds of every cell finish on a 2-core CPU in about 20 minutes
 (`quick_minutes` estimates it); `paper` is the papers' CIFAR-10 recipe and depths, for GPU
@@ -22,6 +26,7 @@ from typing import Any, Literal
 
 import models
 from core.errors import InvalidError
+from core.studies.significance import Claim, Relation
 from training.specs import PAPER_ITERATIONS
 
 Scale = Literal["quick", "paper"]
@@ -88,6 +93,7 @@ class Preset:
     numbers: Callable[[Cell], float | None] = _no_numbers
     quick_why: str = ""  # this preset's own reason for its quick recipe
     datasets: tuple[str, ...] = ()  # the only datasets it trains on, at both scales; (): any
+    claims: tuple[Claim, ...] = ()  # the orderings its paper states between its cells
 
     def layout(self, scale: Scale) -> Layout:
         """The net, grid and recipe of `scale`."""
@@ -405,6 +411,72 @@ def _by_unit(cell: Cell) -> float | None:
     return column.get(cell.get("model.options.unit", ""))
 
 
+# --- The papers' claims, as orderings between cells ---------------------------------------
+
+
+def _chain(axis: str, values: list[Any], relation: Relation, metric: str) -> tuple[Claim, ...]:
+    """Each value against the next: `values[0] relation values[1]`, and so on down."""
+    return tuple(
+        Claim({axis: first}, relation, {axis: second}, metric)
+        for first, second in itertools.pairwise(values)
+    )
+
+
+def _against_each(
+    axis: str, value: Any, relation: Relation, others: list[Any], metric: str
+) -> tuple[Claim, ...]:
+    """`value relation other` for each of `others` (an extreme: best, or worst, of all)."""
+    return tuple(
+        Claim({axis: value}, relation, {axis: other}, metric) for other in others if other != value
+    )
+
+
+UNITS = tuple(TABLE2["resnet110"])
+# 2015 Fig. 6 (and Fig. 1): deeper plain nets train worse; with shortcuts, depth pays.
+DEGRADATION_CLAIMS = (
+    *_chain("model.name", ["plain110", "plain56", "plain44", "plain32", "plain20"], ">",
+            "final_train_error"),
+    Claim({"model.name": "resnet56"}, "<", {"model.name": "plain56"}, "final_train_error"),
+    Claim({"model.name": "resnet110"}, "<", {"model.name": "plain110"}, "final_train_error"),
+    # The quick scale's budget is too short for it (its note says so): the paper scale only.
+    Claim({"model.name": "resnet56"}, "<", {"model.name": "resnet20"}, "final_train_error",
+          scales=("paper",)),
+)  # fmt: skip
+# 2015 Table 2 and Fig. 4.
+IMAGENET_CLAIMS = (
+    Claim({"model.name": "plain34"}, ">", {"model.name": "plain18"}, "final_test_error"),
+    Claim({"model.name": "plain34"}, ">", {"model.name": "plain18"}, "final_train_error"),
+    Claim({"model.name": "resnet34"}, "<", {"model.name": "resnet18"}, "final_test_error"),
+    Claim({"model.name": "resnet34"}, "<", {"model.name": "plain34"}, "final_test_error"),
+)
+# 2015 Table 3: B beats A slightly, C beats B marginally.
+SHORTCUT_OPTION_CLAIMS = _chain("model.options.shortcut", ["C", "B", "A"], "<", "final_test_error")
+# 2015 Table 6: test error falls with depth up to ResNet-110; ResNet-1202 overfits.
+CIFAR_DEPTH_CLAIMS = (
+    *_chain("model.name", ["resnet110", "resnet56", "resnet44", "resnet32", "resnet20"], "<",
+            "final_test_error"),
+    Claim({"model.name": "resnet1202"}, ">", {"model.name": "resnet110"}, "final_test_error"),
+)  # fmt: skip
+# 2016 Table 1: the identity shortcut beats every variant; the dropout shortcut fails.
+SHORTCUT_VARIANT_CLAIMS = tuple(
+    Claim({"model.options": TABLE1[0][0]}, "<", {"model.options": row}, "final_test_error")
+    for row, _ in TABLE1[1:]
+)
+# 2016 Table 2: full pre-activation is best, BN after the addition worst, ReLU before the
+# addition worse than the original unit.
+UNIT_CLAIMS = (
+    *_against_each("model.options.unit", "full_preact", "<", list(UNITS), "final_test_error"),
+    *_against_each("model.options.unit", "bn_after_add", ">", list(UNITS[:-1]),
+                   "final_test_error"),
+    Claim({"model.options.unit": "relu_before_add"}, ">", {"model.options.unit": "original"},
+          "final_test_error"),
+)  # fmt: skip
+# 2016 Table 3.
+PREACT_CLAIMS = (
+    Claim({"model.options.unit": "full_preact"}, "<", {"model.options.unit": "original"},
+          "final_test_error"),
+)  # fmt: skip
+
 # --- The presets, in the papers' order ----------------------------------------------------
 
 DEPTHS = (20, 32, 44, 56)
@@ -431,6 +503,7 @@ PRESETS: dict[str, Preset] = {
                 "resnet56 is the widest gap."
             ),
             metric="final_train_error",
+            claims=DEGRADATION_CLAIMS,
             note=(
                 "Fig. 6 plots error curves and prints no table, so no cell has a paper "
                 "number: the paper states only that plain-110's error is above 60% (a bound) "
@@ -474,6 +547,7 @@ PRESETS: dict[str, Preset] = {
                 "val/ trees (one folder per class), val/ read as the test split."
             ),
             metric="final_test_error",
+            claims=IMAGENET_CLAIMS,
             note=(
                 "The numbers are Table 2's top-1 errors on ImageNet's validation set, "
                 "10-crop; the study's test error is one centre crop of each val/ image, a "
@@ -527,6 +601,7 @@ PRESETS: dict[str, Preset] = {
                 "within the seeds' spread."
             ),
             metric="final_test_error",
+            claims=SHORTCUT_OPTION_CLAIMS,
             note=(
                 "Table 3 compares the options on ImageNet with ResNet-34 (top-1 error, "
                 "10-crop; option A 25.03%), which is not comparable with a CIFAR-sized "
@@ -563,6 +638,7 @@ PRESETS: dict[str, Preset] = {
                 "(its best run 6.43%), nearer a median over seeds."
             ),
             metric="final_test_error",
+            claims=CIFAR_DEPTH_CLAIMS,
             note=(
                 "The numbers are CIFAR-10's; on another dataset (the quick scale's default "
                 "is Fashion-MNIST) they are a reference for the ordering, not a target. "
@@ -630,6 +706,7 @@ PRESETS: dict[str, Preset] = {
                 "dropout shortcut."
             ),
             metric="final_test_error",
+            claims=SHORTCUT_VARIANT_CLAIMS,
             note=(
                 "Table 1's numbers are ResNet-110's on CIFAR-10, shown beside every scale's "
                 "cells; the quick scale runs a 20-layer net, whose 9 units attenuate a "
@@ -665,6 +742,7 @@ PRESETS: dict[str, Preset] = {
                 "pre-activation is best, by more at 164 layers than at 110."
             ),
             metric="final_test_error",
+            claims=UNIT_CLAIMS,
             note=(
                 "The numbers are CIFAR-10's; the quick scale runs ResNet-32 and shows "
                 "ResNet-110's numbers beside its cells. " + SMALL_NET_NOTE
@@ -700,6 +778,7 @@ PRESETS: dict[str, Preset] = {
                 "training error beside the test error."
             ),
             metric="final_test_error",
+            claims=PREACT_CLAIMS,
             note=(
                 "Table 3 also has ResNet-1001 (7.61% -> 4.92%), left out for its cost "
                 "(27 hours on 2 GPUs in 2016). The quick scale runs ResNet-56 and shows "

@@ -8,20 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from core import artifacts
+from core import artifacts, layout
 from core.settings import Settings
+from core.storage import recorded_file
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(artifact_dir=tmp_path / "artifacts", artifact_store="s3")
+def settings(local_settings: Settings) -> Settings:
+    """Checkpoints in an S3 bucket, the artifact folder local."""
+    return local_settings.model_copy(update={"artifact_store": "s3"})
 
 
 def test_a_job_checkpoint_key_lies_in_the_store(settings: Settings) -> None:
     job_id = uuid.uuid4()
-    key = artifacts.checkpoint_key(job_id, "step-100.pt")
+    key = layout.checkpoint_key(job_id, "step-100.pt")
     assert key == f"jobs/{job_id}/checkpoints/step-100.pt"
-    assert artifacts.is_key(key)
+    assert recorded_file(key) is None
     assert artifacts.is_stored(settings, key)
 
 
@@ -37,7 +39,7 @@ def test_files_are_in_the_store_only_under_the_artifact_folder(
     settings: Settings, tmp_path: Path
 ) -> None:
     inside = settings.artifact_dir / "jobs" / "x" / "checkpoints" / "best.pt"
-    assert not artifacts.is_key(str(inside))
+    assert recorded_file(str(inside)) == inside
     assert artifacts.is_stored(settings, str(inside))
     assert not artifacts.is_stored(settings, str(tmp_path / "other" / "best.pt"))
 
@@ -47,6 +49,5 @@ def test_a_local_file_is_its_own_local_copy(settings: Settings, tmp_path: Path) 
     assert artifacts.local_file(settings, path, "0" * 64) == Path(path)
 
 
-def test_deleting_objects_of_the_local_store_deletes_nothing(tmp_path: Path) -> None:
-    local = Settings(artifact_dir=tmp_path / "artifacts")
-    assert artifacts.delete_job_objects(local, uuid.uuid4()) == 0
+def test_deleting_objects_of_the_local_store_deletes_nothing(local_settings: Settings) -> None:
+    assert artifacts.delete_job_objects(local_settings, uuid.uuid4()) == 0

@@ -12,13 +12,16 @@ from core.db.session import IDLE_IN_TRANSACTION_S, get_engine, session_scope
 from core.db.tables import Job, Metric
 from core.errors import ConflictError
 from core.kinds import TrainJobSpec
+from core.settings import Settings
 
 SPEC = TrainJobSpec.model_validate({"model": {"name": "resnet20"}, "dataset": {"name": "digits"}})
 
 
 def _new_job(url: str, max_attempts: int = 3) -> uuid.UUID:
     with session_scope(url) as session:
-        return jobs.create(session=session, spec=SPEC, max_attempts=max_attempts).id
+        return jobs.create(
+            session=session, settings=Settings(), spec=SPEC, max_attempts=max_attempts
+        ).id
 
 
 def _claim(url: str, job_id: uuid.UUID, lease: int = 60) -> jobs.Claim | None:

@@ -10,8 +10,9 @@ import pytest
 
 import models
 from core.errors import InvalidError
-from core.kinds import TrainJobSpec
+from core.kinds import train
 from core.resources import ResourcesSpec
+from core.settings import Settings
 from core.studies import grid, presets
 from core.studies.presets import Preset, Scale
 
@@ -71,7 +72,7 @@ def test_every_cell_of_every_preset_is_a_valid_train_spec(preset: Preset, scale:
         payloads = cell_payloads(preset, scale, dataset)
         assert len(payloads) >= 2
         for payload in payloads:
-            spec = TrainJobSpec.model_validate({"kind": "train", **payload})
+            spec = train.KIND.parse({"kind": "train", **payload}, Settings())
             assert spec.dataset.name == dataset["name"]
 
 
@@ -289,7 +290,13 @@ def test_the_imagenet_quick_scale_is_admitted_as_cpu_jobs_on_small_photos() -> N
     assert (recipe["warmup"], recipe["schedule"]) == ("linear", "cosine")
     # A study's cells pass admission where grid.expand validates each one as a job spec.
     expanded = grid.expand(
-        plan.base, plan.grid, plan.seeds, name=plan.name, tags=plan.tags, max_jobs=100
+        plan.base,
+        plan.grid,
+        plan.seeds,
+        settings=Settings(),
+        name=plan.name,
+        tags=plan.tags,
+        max_jobs=100,
     )
     assert len(expanded.jobs) == 8
     for _cell, _seed, spec in expanded.jobs:
@@ -305,7 +312,7 @@ def test_the_imagenet_quick_scale_is_admitted_as_cpu_jobs_on_small_photos() -> N
     )
     # A size of one's own keeps the dataset's default resize, which a crop of 320 fits.
     assert "resize" not in sized.base["dataset"]
-    TrainJobSpec.model_validate(cell_payloads(IMAGENET, "paper", sized.base["dataset"])[0])
+    train.KIND.parse(cell_payloads(IMAGENET, "paper", sized.base["dataset"])[0], Settings())
 
 
 def test_three_seeds_of_the_imagenet_quick_scale_take_about_20_minutes_on_the_cpu() -> None:
@@ -335,7 +342,7 @@ def test_the_imagenet_paper_scale_is_the_papers_recipe_on_gpu_workers() -> None:
     assert recipe["milestones"] == [0.25, 0.5, 0.75]
     assert recipe["warmup"] == "off"
     for payload in cell_payloads(IMAGENET, "paper", IMAGENET_DATASETS["paper"][0]):
-        spec = TrainJobSpec.model_validate(payload)
+        spec = train.KIND.parse(payload, Settings())
         assert spec.resources == ResourcesSpec(device="gpu", gpus=1)
         assert spec.recipe.augmentation == "imagenet_scale"
     note = IMAGENET.recipe_note("paper")

@@ -44,10 +44,12 @@ def test_a_job_goes_to_the_queue_of_its_needs_and_the_depth_counts_every_queue(
     with session_scope(postgres_url) as session:
         for label, asked in needs.items():
             spec = TrainJobSpec.model_validate({**DIGITS, "resources": asked})
-            ids[label] = jobs.create(session=session, spec=spec, max_attempts=3).id
+            ids[label] = jobs.create(
+                session=session, settings=settings, spec=spec, max_attempts=3
+            ).id
     queue.enqueue_committed(ids.values(), settings=settings)
     queue.enqueue(ids["gpu"], settings=settings)  # one more, its queue read from its spec
-    held = {name: broker.llen(name) for name in ("train", "gpu", "gpu-4")}
-    assert held == {"train": 2, "gpu": 2, "gpu-4": 1}
+    held = {name: broker.llen(name) for name in ("cpu", "gpu", "gpu-4")}
+    assert held == {"cpu": 2, "gpu": 2, "gpu-4": 1}
     assert queue.depth(settings, timeout=2) == 5
     broker.delete(*resources.ALL_QUEUES)

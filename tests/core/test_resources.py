@@ -61,7 +61,7 @@ def test_every_preset_is_admitted_and_its_quick_scale_runs_on_a_cpu_worker(
                 spec = TrainJobSpec.model_validate(payload)
                 if scale == "quick":
                     assert spec.resources.gpus == 0, (preset.name, payload)
-                assert resources.queue_for(spec.resources.gpus or 0) in ("train", "gpu")
+                assert resources.queue_for(spec.resources.gpus or 0) in ("cpu", "gpu")
 
 
 @pytest.mark.parametrize(
@@ -114,11 +114,11 @@ def test_an_evaluation_runs_on_one_device_of_any_kind_by_default() -> None:
 
 
 def test_queues_by_need_and_what_each_worker_consumes() -> None:
-    assert [resources.queue_for(n) for n in (0, 1, 2, 8)] == ["train", "gpu", "gpu-2", "gpu-8"]
-    assert resources.queues_served(0) == ["train"]
-    assert resources.queues_served(1) == ["train", "gpu"]
-    assert resources.queues_served(4) == ["train", "gpu", "gpu-2", "gpu-3", "gpu-4"]
+    assert [resources.queue_for(n) for n in (0, 1, 2, 8)] == ["cpu", "gpu", "gpu-2", "gpu-8"]
+    assert resources.queues_served(0) == ["cpu"]
+    assert resources.queues_served(1) == ["cpu", "gpu"]
+    assert resources.queues_served(4) == ["cpu", "gpu", "gpu-2", "gpu-3", "gpu-4"]
     assert len(resources.ALL_QUEUES) == resources.MAX_GPUS + 1
     # A spec stored before resources were kept runs anywhere, as it did.
-    assert resources.queue_of({"model": {"name": "resnet20"}}) == "train"
+    assert resources.queue_of({"model": {"name": "resnet20"}}) == "cpu"
     assert resources.queue_of({"resources": {"device": "gpu", "gpus": 2}}) == "gpu-2"

@@ -13,6 +13,7 @@ import pytest
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import ClientError, ReadTimeoutError
 
+from core import layout
 from core.settings import Settings
 from core.storage import (
     LocalStore,
@@ -23,6 +24,8 @@ from core.storage import (
     StoreError,
     StoreUnavailableError,
     check_key,
+    recorded_file,
+    shared_store,
     store_error,
     store_for,
 )
@@ -258,6 +261,107 @@ def test_s3_closed_port_is_unavailable_within_seconds(tmp_path: Path) -> None:
         store.fetch("jobs/a/step-1.pt", sha256)
     assert time.monotonic() - started < 15
     assert cached_files(tmp_path) == []
+
+
+def test_sizes_give_each_objects_bytes(store: Store, tmp_path: Path) -> None:
+    store.put("jobs/a/spec.json", *written(tmp_path / "spec.json", b"{}"))
+    store.put("jobs/a/checkpoints/step-1.pt", *written(tmp_path / "step", b"x" * 1000))
+    store.put("jobs/b/spec.json", *written(tmp_path / "other", b"{1}"))
+    assert store.sizes("jobs/a/") == {"jobs/a/spec.json": 2, "jobs/a/checkpoints/step-1.pt": 1000}
+    assert store.sizes("jobs/c/") == {}
+
+
+def test_what_a_row_records_names_the_object_again(store: Store, tmp_path: Path) -> None:
+    key = "jobs/a/checkpoints/best.pt"
+    source, sha256 = written(tmp_path / "best.pt", b"weights")
+    store.put(key, source, sha256)
+    ref = store.ref(key)
+    assert store.key_of(ref) == key
+    local = store.local_path(ref, sha256)
+    assert local.read_bytes() == b"weights"
+    if isinstance(store, LocalStore):  # the file itself, no copy
+        assert Path(ref) == local == tmp_path.resolve() / "artifacts" / key
+    else:  # the key, fetched into the cache
+        assert ref == key
+        assert local.parent == tmp_path / "cache"
+
+
+def test_a_recorded_file_is_read_where_it_lies(store: Store, tmp_path: Path) -> None:
+    inside = tmp_path / "artifacts" / "jobs" / "x" / "checkpoints" / "step-1.pt"
+    assert store.key_of(str(inside)) == "jobs/x/checkpoints/step-1.pt"
+    assert store.key_of(str(tmp_path / "elsewhere" / "best.pt")) is None
+    assert store.key_of("jobs/../secret.pt") is None
+    assert store.key_of("jobs/a/spec.json") == "jobs/a/spec.json"
+    # As the file is, unread: its reader verifies what it opens.
+    assert store.local_path(str(inside), WRONG_SHA256) == inside
+    assert recorded_file(str(inside)) == inside
+    assert recorded_file("jobs/x/checkpoints/step-1.pt") is None
+
+
+def test_only_a_bucket_shares_copies_of_this_machines_files(store: Store, tmp_path: Path) -> None:
+    key = "uploads/abc/archive.zip"
+    source, sha256 = written(tmp_path / "received.zip", b"an archive")
+    store.share(key, source, sha256)
+    shared = store.fetch_shared("uploads/abc/", sha256)
+    if isinstance(store, LocalStore):
+        assert shared is None
+        assert store.keys() == []
+        assert store.delete_shared("uploads/abc/") == 0
+    else:
+        assert shared is not None
+        assert shared[0] == key
+        assert shared[1].read_bytes() == b"an archive"
+        assert store.delete_shared("uploads/abc/") == 1
+        assert store.keys() == []
+    assert source.read_bytes() == b"an archive"
+
+
+def test_a_bucket_without_the_shared_copy_says_it_is_missing(s3_store: S3Store) -> None:
+    with pytest.raises(ObjectMissingError, match="uploads/abc/"):
+        s3_store.fetch_shared("uploads/abc/", WRONG_SHA256)
+
+
+def test_release_removes_this_machines_copies_only_where_kept_apart(
+    store: Store, tmp_path: Path
+) -> None:
+    key = "jobs/a/checkpoints/step-1.pt"
+    working, sha256 = written(tmp_path / "artifacts" / key, b"x")
+    store.put(key, working, sha256)
+    other, _ = written(tmp_path / "artifacts" / "jobs" / "b" / "spec.json", b"{}")
+    store.release("jobs/a/")
+    assert working.exists() is isinstance(store, LocalStore)
+    assert other.exists()
+    assert store.fetch(key, sha256).read_bytes() == b"x"
+
+
+def test_releasing_the_whole_folder_is_refused(s3_store: S3Store, tmp_path: Path) -> None:
+    kept, _ = written(tmp_path / "artifacts" / "jobs" / "a" / "spec.json", b"{}")
+    with pytest.raises(ValueError, match="whole"):
+        s3_store.release("")
+    assert kept.exists()
+
+
+def test_job_layout_on_either_store(store: Store, tmp_path: Path) -> None:
+    job_id = uuid.uuid4()
+    keys = [
+        layout.job_file_key(job_id, "summary.json"),
+        layout.checkpoint_key(job_id, "step-10.pt"),
+        layout.export_key(job_id, 7, ".onnx"),
+    ]
+    for key in keys:
+        store.put(key, *written(tmp_path / "file", key.encode()))
+    assert store.keys(layout.job_prefix(job_id)) == sorted(keys)
+    assert store.keys(layout.checkpoints_prefix(job_id)) == [keys[1]]
+    assert [key for key in store.keys("") if layout.is_export_key(key)] == [keys[2]]
+    assert store.delete_prefix(layout.export_prefix(job_id, 7)) == 1
+    assert store.keys() == sorted(keys[:2])
+
+
+def test_only_a_bucket_is_a_shared_store(s3_url: str, tmp_path: Path) -> None:
+    local = Settings(artifact_dir=tmp_path / "artifacts")
+    s3 = s3_settings(s3_url, tmp_path)
+    assert shared_store(local) is None
+    assert shared_store(s3) is store_for(s3)
 
 
 def test_store_for_chooses_by_setting_and_keeps_one_per_settings(

@@ -12,6 +12,7 @@ from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job, Study
 from core.errors import InvalidError
+from core.settings import Settings
 from core.studies import grid, results, service
 
 BASE = {"model": {"name": "resnet8"}, "dataset": {"name": "digits"}, "recipe": {"epochs": 1}}
@@ -43,18 +44,35 @@ def test_a_cell_sets_its_values_into_a_copy_of_the_base_with_its_seed() -> None:
 
 
 def test_expansion_is_seed_major_and_every_cell_is_validated() -> None:
+    settings = Settings()
     expanded = grid.expand(
-        BASE, {"model.name": ["plain8", "resnet8"]}, [0, 7], name=None, tags=[], max_jobs=10
+        BASE,
+        {"model.name": ["plain8", "resnet8"]},
+        [0, 7],
+        settings=settings,
+        name=None,
+        tags=[],
+        max_jobs=10,
     )
     assert [(cell, seed) for cell, seed, _ in expanded.jobs] == [(0, 0), (1, 0), (0, 7), (1, 7)]
     assert expanded.jobs[3][2].recipe.seed == 7
     with pytest.raises(InvalidError, match=r"cell 1 \(recipe.lr=-1\): recipe.lr:") as caught:
-        grid.expand(BASE, {"recipe.lr": [0.1, -1]}, [0], name=None, tags=[], max_jobs=10)
+        grid.expand(
+            BASE, {"recipe.lr": [0.1, -1]}, [0], settings=settings, name=None, tags=[], max_jobs=10
+        )
     assert caught.value.field == ("body", "grid", "recipe.lr")
     with pytest.raises(InvalidError, match="over the limit of 3"):
-        grid.expand(BASE, {"recipe.lr": [0.1, 0.2]}, [0, 1], name=None, tags=[], max_jobs=3)
+        grid.expand(
+            BASE,
+            {"recipe.lr": [0.1, 0.2]},
+            [0, 1],
+            settings=settings,
+            name=None,
+            tags=[],
+            max_jobs=3,
+        )
     with pytest.raises(InvalidError, match="must be a field path"):
-        grid.expand(BASE, {"lr": [0.1]}, [0], name=None, tags=[], max_jobs=3)
+        grid.expand(BASE, {"lr": [0.1]}, [0], settings=settings, name=None, tags=[], max_jobs=3)
 
 
 def _study(url: str, max_parallel: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
@@ -62,8 +80,10 @@ def _study(url: str, max_parallel: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
         base=BASE, grid={"recipe.lr": [0.1, 0.05, 0.02]}, seeds=[0, 1], max_parallel=max_parallel
     )
     with session_scope(url) as session:
-        study = service.create(session=session, request=request, max_jobs=100, max_attempts=3)
-        released = service.release(session=session, study_id=study.id)
+        study = service.create(
+            session=session, settings=Settings(), request=request, max_jobs=100, max_attempts=3
+        )
+        released = service.release(session=session, settings=Settings(), study_id=study.id)
         return study.id, released
 
 
@@ -80,7 +100,9 @@ def test_at_most_max_parallel_jobs_are_released_and_an_end_releases_the_next(
     assert len(released) == 2
     assert _held(database_url, study_id) == 4
     with session_scope(database_url) as session:
-        assert service.release(session=session, study_id=study_id) == []  # still full
+        assert (
+            service.release(session=session, settings=Settings(), study_id=study_id) == []
+        )  # still full
         claimed = jobs.claim(
             session=session, job_id=released[0], worker="w", device="cpu", lease_seconds=60
         )
@@ -96,7 +118,7 @@ def test_at_most_max_parallel_jobs_are_released_and_an_end_releases_the_next(
         )
     with session_scope(database_url) as session:
         jobs.finish(session=session, job_id=released[0], token=claimed.token, status="succeeded")
-        following = service.release_after(session=session, job_id=released[0])
+        following = service.release_after(session=session, settings=Settings(), job_id=released[0])
     assert len(following) == 1
     assert _held(database_url, study_id) == 3
     with session_scope(database_url) as session:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from core import artifacts, usage
+from core import artifacts, layout, usage
 from core.settings import Settings
 from core.storage import store_for
 from tests.services import on_bucket
@@ -41,9 +41,9 @@ def test_a_jobs_bytes_in_a_bucket_are_its_objects_but_its_exports(
     job_id, store = uuid.uuid4(), store_for(settings)
     made = _files(tmp_path / "made")
     for name, path in made.items():
-        store.put(artifacts.job_file_key(job_id, name), path, sha256_of(path))
+        store.put(layout.job_file_key(job_id, name), path, sha256_of(path))
     other, export = uuid.uuid4(), made["exports/7/model.pt2"]  # another job's file
-    store.put(artifacts.job_file_key(other, "summary.json"), export, sha256_of(export))
+    store.put(layout.job_file_key(other, "summary.json"), export, sha256_of(export))
 
     assert usage.job_bytes(settings, job_id) == 3200
     assert usage.job_bytes(settings, other) == 5000

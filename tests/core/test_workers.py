@@ -10,6 +10,7 @@ from core import jobs, workers
 from core.db.session import session_scope
 from core.db.tables import Worker, utcnow
 from core.kinds import TrainJobSpec
+from core.settings import Settings
 
 LEASE = 10
 DIGITS = {"name": "digits"}
@@ -23,7 +24,9 @@ def _seen(url: str) -> dict[str, workers.Seen]:
 def test_a_worker_registers_beats_runs_a_job_and_turns_lost_unseen(database_url: str) -> None:
     spec = TrainJobSpec.model_validate({"model": {"name": "resnet8"}, "dataset": DIGITS})
     with session_scope(database_url) as session:
-        job_id = jobs.create(session=session, spec=spec, max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=Settings(database_url=database_url), spec=spec, max_attempts=3
+        ).id
         for name in ("a@h", "b@h"):
             workers.register(session=session, name=name, host="h", pid=1, devices=["cpu"],
                              queues=["train"])  # fmt: skip
