@@ -13,27 +13,22 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from api.app import create_app
 from core.settings import Settings
-from tests.api.helpers import make_key
 from tests.dashboard.helpers import CHROMIUM, CHROMIUM_ARGS, Server, open_page
+from tests.helpers import make_key
 from tests.services import serve
 
 
 @pytest.fixture(scope="module")
-def settings(
-    postgres_url: str, redis_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Settings:
-    """Auth on, fast event-stream polls, artifacts where the tests' workers write them."""
-    root = tmp_path_factory.mktemp("dashboard")
-    return Settings(
-        database_url=postgres_url,
-        broker_url=redis_broker_url,
-        artifact_dir=root / "artifacts",
-        data_dir=root / "data",
-        auth_enabled=True,
-        stream_poll_seconds=0.1,
-        lease_seconds=10,
-        heartbeat_seconds=1.0,
-        max_versions_per_job=50,  # the models page is paged with versions of one job
+def settings(settings: Settings) -> Settings:
+    """The module's settings with event-stream polls of 0.1 s, leases a worker renews each
+    second, and room for a paged list of one job's versions on the models page."""
+    return settings.model_copy(
+        update={
+            "stream_poll_seconds": 0.1,
+            "lease_seconds": 10,
+            "heartbeat_seconds": 1.0,
+            "max_versions_per_job": 50,
+        }
     )
 
 

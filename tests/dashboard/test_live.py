@@ -17,7 +17,8 @@ from playwright.sync_api import Page, expect
 
 from core.settings import Settings
 from tests.dashboard.helpers import Server, chart_data, screenshot, visit
-from tests.worker.support import WorkerProcess, recipe, service_env, wait_status
+from tests.helpers import recipe, wait_status
+from tests.services import WorkerProcess, service_env
 from training.data import TensorSplit
 from training.datasets import load_dataset
 from training.specs import DigitsSpec
@@ -213,14 +214,14 @@ def test_register_alias_and_predict_an_uploaded_digit(
     expect(page.locator("[data-model='digits-r8'] tr[data-version='1']")).to_contain_text("resnet8")
     screenshot(page, "models")
     row = card.locator("tr[data-version='1']")
-    with page.expect_download() as download:
+    with page.expect_download(timeout=60_000) as download:
         row.locator("button[data-action=checkpoint]").click()
     with server.client() as client:
         version = client.get("/api/v1/registry/digits-r8").json()["versions"][0]
     assert download.value.suggested_filename == "digits-r8-v1.pt"
     assert hashlib.sha256(download.value.path().read_bytes()).hexdigest() == version["sha256"]
     row.locator("select[name=format]").select_option("torchscript")
-    with page.expect_download() as download:
+    with page.expect_download(timeout=60_000) as download:
         row.locator("button[data-action=export]").click()
     assert download.value.suggested_filename == "digits-r8-v1.torchscript.pt"
     assert torch.jit.load(download.value.path())(torch.zeros(2, 1, 8, 8)).shape == (2, 10)

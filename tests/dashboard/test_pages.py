@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.api.helpers import make_key, new_job
 from tests.dashboard.helpers import Server, open_page, screenshot, visit
+from tests.helpers import make_key, new_job
 
 pytestmark = pytest.mark.slow
 
@@ -206,8 +206,8 @@ def test_the_api_serves_every_script_itself(server: Server) -> None:
         plotly = client.get("/static/plotly.min.js")
         app = client.get("/static/app.js")
         outside = client.get("/static/..%2F..%2Fapp.py")
-        session = client.get("/api/v1/session")
-        read_only = client.get("/api/v1/session", headers=_bearer(_key(server, "read")))
+        session = client.get("/api/v1/whoami")
+        read_only = client.get("/api/v1/whoami", headers=_bearer(_key(server, "read")))
     assert page.status_code == 200
     assert '<script type="module" src="/static/app.js">' in page.text
     assert "http" not in page.text.replace("http-equiv", "")  # nothing from elsewhere

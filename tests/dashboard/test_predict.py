@@ -8,8 +8,8 @@ import uuid
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.api.helpers import run_job, trained_job
 from tests.dashboard.helpers import Server, chart_data, screenshot, visit
+from tests.helpers import run_job, trained_job
 from training.events import RecordingSink
 
 pytestmark = pytest.mark.slow

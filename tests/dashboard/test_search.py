@@ -11,8 +11,8 @@ from playwright.sync_api import Page, expect
 
 from core import jobs
 from core.db.session import session_scope
-from tests.api.helpers import claim
 from tests.dashboard.helpers import Server, visit
+from tests.helpers import claim
 from training.environment import environment
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ from sqlalchemy import select
 from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job
-from tests.api.helpers import claim, finish, make_key
 from tests.dashboard.helpers import Server, chart_data, open_page, screenshot, visit
+from tests.helpers import claim, finish, make_key
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from sqlalchemy import update
 from core import workers
 from core.db.session import session_scope
 from core.db.tables import Worker, utcnow
-from tests.api.helpers import new_job
 from tests.dashboard.helpers import Server, screenshot, visit
+from tests.helpers import new_job
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,10 @@ def registered(server: Server) -> Iterator[str]:
     stale = utcnow() - timedelta(seconds=4 * server.settings.lease_seconds)
     with session_scope(url) as session:
         workers.register(session=session, name="worker-gpu0@a", host="a", pid=11,
-                         devices=["cuda:0"], queues=["train", "gpu"])  # fmt: skip
+                         devices=["cuda:0"], queues=["cpu", "gpu"])  # fmt: skip
         workers.running(session=session, name="worker-gpu0@a", job_id=job_id)
         workers.register(session=session, name="worker@b", host="b", pid=12, devices=["cpu"],
-                         queues=["train"])  # fmt: skip
+                         queues=["cpu"])  # fmt: skip
         session.execute(update(Worker).where(Worker.name == "worker@b").values(last_seen_at=stale))
     yield str(job_id)
     with session_scope(url) as session:
@@ -47,8 +47,8 @@ def test_the_workers_page_shows_each_worker_and_follows_its_heartbeat(
     expect(gpu.locator(".status")).to_have_text("alive")
     expect(cpu.locator(".status")).to_have_text("lost")
     expect(gpu.locator("td.devices")).to_have_text("cuda:0")
-    assert gpu.locator("td.queues .tag").all_inner_texts() == ["train", "gpu"]
-    assert cpu.locator("td.queues .tag").all_inner_texts() == ["train"]
+    assert gpu.locator("td.queues .tag").all_inner_texts() == ["cpu", "gpu"]
+    assert cpu.locator("td.queues .tag").all_inner_texts() == ["cpu"]
     expect(gpu.locator("td.job a")).to_have_attribute("href", f"#/runs/{registered}")
     expect(page.locator("header nav a.active")).to_have_text("Workers")
     screenshot(page, "workers")

@@ -77,7 +77,7 @@ async function render() {
 }
 
 async function start() {
-  context.session = await api("/session");
+  context.session = await api("/whoami");
   const auth = context.session.auth_enabled;
   document.getElementById("who").textContent = auth
     ? `key: ${context.session.scopes.join(", ")}`

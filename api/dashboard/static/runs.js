@@ -11,6 +11,7 @@ import {
   number,
   percent,
   rate,
+  STATUSES,
   statusBadge,
   when,
 } from "./ui.js";
@@ -18,7 +19,6 @@ import {
 const PAGE_SIZE = 50;
 const POLL_MS = 2000;
 const SELECTED = "resnet-service.compare";
-const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
 const SORTS = {
   "-created": "newest first",
   created: "oldest first",

@@ -4,6 +4,7 @@
 
 import { API, api, save } from "./api.js";
 import { bandTraces, PALETTE, panelAnchors, panelsLayout, plot } from "./charts.js";
+import { drawSearch, isSearch } from "./study_search.js";
 import { ACTIVE, actionButton, h, notice, shortId, statusBadge, when } from "./ui.js";
 
 const POLL_MS = 2000;
@@ -25,14 +26,18 @@ export async function render(view, ctx) {
     progress: h("div.card", { id: "study-progress" }),
     chart: h("div.chart", { id: "chart-study" }),
     results: h("div.card", { id: "study-results" }),
+    claims: h("div.card", { id: "study-claims" }),
+    search: h("div", { id: "study-search" }),
   };
   view.append(
     parts.header,
     parts.messages,
     parts.progress,
+    parts.search,
     h("div.card", {}, parts.chart),
     h("h2", {}, "Results"),
     parts.results,
+    parts.claims,
   );
   let timer = null;
   const load = async () => {
@@ -49,6 +54,8 @@ export async function render(view, ctx) {
     drawProgress(parts.progress, study);
     drawFigure(parts.chart, study, curves);
     drawResults(parts, study);
+    drawClaims(parts.claims, study);
+    if (isSearch(study)) await drawSearch(parts.search, study, ctx);
     if (ACTIVE.has(study.state) && !ctx.signal.aborted) timer = setTimeout(poll, POLL_MS);
   };
   const poll = () =>
@@ -117,7 +124,7 @@ function drawHeader(parts, study, ctx, reload) {
 function drawProgress(card, study) {
   const { counts } = study;
   const fraction = counts.total ? counts.done / counts.total : 0;
-  const more = ["running", "queued", "failed", "cancelled"]
+  const more = ["running", "queued", "failed", "cancelled", "pruned"]
     .filter((status) => counts[status])
     .map((status) => `${counts[status]} ${status}`);
   card.replaceChildren(
@@ -186,6 +193,7 @@ function drawResults(parts, study) {
     ),
     h("th.num", { title: `the papers' ${metricLabel}` }, "paper (%)"),
     h("th.num", {}, "ours − paper"),
+    ciHead(study),
     h("th", {}, "jobs"),
   );
   const rows = study.cells.map((cell) =>
@@ -197,6 +205,7 @@ function drawResults(parts, study) {
       ERRORS.map(([key]) => h("td.num", { dataset: { col: key } }, spread(cell[key]))),
       h("td.num", { dataset: { col: "paper" } }, inPercent(cell.paper)),
       h("td.num", { dataset: { col: "difference" } }, signed(cell.difference)),
+      ciCell(cell, study),
       h("td", {}, jobLinks(jobsByCell.get(cell.cell) ?? [])),
     ),
   );
@@ -225,6 +234,67 @@ function drawResults(parts, study) {
       study.note ? h("p.muted", { id: "study-note" }, study.note) : null,
       h("div.row", { id: "downloads" }, "Download the results: ", downloads),
     ].filter(Boolean),
+  );
+}
+
+// What the seeds say with confidence: the median's 95% interval of the study's metric, and
+// the preset's claims with their verdicts and the seeds an open one needs.
+
+function ciHead(study) {
+  const title = `95% bootstrap interval of the median ${study.metric}`;
+  return h("th.num", { title }, "median 95% CI");
+}
+
+function ciCell(cell, study) {
+  const ci = cell[study.metric]?.median_ci;
+  const text = ci ? `${inPercent(ci[0])}–${inPercent(ci[1])}` : "–";
+  return h("td.num", { dataset: { col: "median_ci" } }, text);
+}
+
+const VERDICT_BADGE = { reproduced: "succeeded", contradicted: "failed", inconclusive: "queued" };
+const verdictBadge = (verdict) =>
+  h(`span.status.${VERDICT_BADGE[verdict]}`, { dataset: { verdict } }, verdict);
+// An open claim's seeds per cell; "> 50" where no number of seeds the planner tries would do.
+const seedsNeeded = (claim) => claim.seeds_needed ?? (claim.advice ? "> 50" : "");
+const effectText = (effect) => (effect === null ? "–" : effect.toFixed(2));
+
+function drawClaims(card, study) {
+  const claims = study.claims ?? [];
+  if (!claims.length) {
+    card.replaceChildren();
+    card.hidden = true;
+    return;
+  }
+  card.hidden = false;
+  const head = h(
+    "tr",
+    {},
+    ["claim", "verdict", "p", "effect", "n", "seeds needed"].map((label) =>
+      h(label === "claim" || label === "verdict" ? "th" : "th.num", {}, label),
+    ),
+  );
+  const rows = claims.map((claim) =>
+    h(
+      "tr",
+      { dataset: { verdict: claim.verdict } },
+      h("td", {}, claim.claim),
+      h("td", {}, verdictBadge(claim.verdict)),
+      h("td.num", {}, claim.p === null ? "–" : claim.p.toPrecision(3)),
+      h("td.num", { title: claim.effect_name }, effectText(claim.effect)),
+      h("td.num", {}, claim.n.join(", ")),
+      h("td.num", { title: claim.advice ?? "" }, seedsNeeded(claim)),
+    ),
+  );
+  card.replaceChildren(
+    h("h3", {}, "The papers' claims"),
+    h("table", { id: "claims-table" }, h("thead", {}, head), h("tbody", {}, rows)),
+    h(
+      "p.muted",
+      {},
+      `p: one-sided ${claims[0].test} in the claimed direction, Holm-adjusted across ` +
+        `the claims; effect: ${claims[0].effect_name}, positive where the first cell is higher. ` +
+        "Seeds needed: per cell, for 80% power to settle an inconclusive claim.",
+    ),
   );
 }
 

@@ -41,7 +41,11 @@ export function seconds(s) {
 
 export const statusBadge = (status) => h(`span.status.${status}`, { dataset: { status } }, status);
 
-export const ACTIVE = new Set(["queued", "running"]);
+// The service's words, sent in the page from the one declaration the API and its Python
+// client share (client.wire): a job's statuses, and those of a job not yet over.
+const WORDS = JSON.parse(document.getElementById("words").textContent);
+export const STATUSES = WORDS.statuses;
+export const ACTIVE = new Set(WORDS.active);
 
 export function notice(text, bad = false) {
   return h(bad ? "div.notice.bad" : "div.notice", { role: bad ? "alert" : "status" }, text);
