@@ -18,9 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api import edge, errors, ratelimit
 from api.deps import KeyCache
+from api.hot_routes import hot_routes
 from api.limits import BodyLimit, PredictShed
-from api.model_cache import ModelCache, RefCache
-from api.model_process import ServingOptions
 from api.routers import (
     artifacts,
     dashboard,
@@ -33,18 +32,20 @@ from api.routers import (
     keys,
     model_registry,
     predict,
-    session,
     studies,
     usage,
+    whoami,
     workers,
     zoo,
 )
 from api.schemas import API_PREFIX
-from api.serving import HotRoute
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
 from core.uploads import sweep_temporaries
+from serving.cache import ModelCache, RefCache
+from serving.dataplane import DataPlane
+from serving.process import ServingOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.telemetry = Telemetry(settings)
     app.state.keys = KeyCache()  # API keys checked a moment ago (api.deps)
-    errors.install(app)
+    errors.install(app, renderers={inference.PREFIX: inference.render_error})
     uploads = {
         API_PREFIX + datasets.router.prefix: settings.max_upload_bytes,
         predict.PATH: predict.body_limit(settings),
@@ -96,24 +97,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestMetrics, telemetry=app.state.telemetry)
     app.include_router(_api())
     app.include_router(inference.router)  # the Open Inference Protocol, at /v2
-    app.router.routes[:0] = _hot_routes()
+    # The prediction routes, matched before every other, each by one regex: FastAPI
+    # resolves a route of an included router by walking every router's routes on each
+    # request; these skip that, and their endpoints read the request themselves. Their
+    # FastAPI routes (the same path and method, never reached) declare and document them.
+    app.router.routes[:0] = hot_routes((API_PREFIX, predict.router), ("", inference.router))
     app.include_router(dashboard.router)
     return app
-
-
-def _hot_routes() -> list[HotRoute]:
-    """The prediction routes, matched before every other, each by one regex.
-
-    FastAPI resolves a route of an included router by walking every router's routes on
-    each request; these skip that, and their endpoints read the request themselves. Their
-    FastAPI twins (same path and method, never reached) document them.
-    """
-    v2 = inference.PREFIX + "/models/{name}"
-    return [
-        HotRoute(predict.PATH, predict.predict),
-        HotRoute(v2 + "/infer", inference.infer),
-        HotRoute(v2 + "/versions/{version}/infer", inference.version_infer),
-    ]
 
 
 def _api() -> APIRouter:
@@ -134,7 +124,7 @@ def _api() -> APIRouter:
         keys.router,
         usage.router,
         workers.router,
-        session.router,
+        whoami.router,
         health.router,
     ):
         api.include_router(router)
@@ -142,7 +132,8 @@ def _api() -> APIRouter:
 
 
 class Serving(TypedDict):
-    """What a running server's requests share (`request.state`): the prediction caches.
+    """What a running server's requests share (`request.state`): the prediction caches and
+    the data plane that serves from them.
 
     They belong to the event loop that runs the lifespan (their processes' sockets and
     futures do), so they are lifespan state rather than app state.
@@ -150,6 +141,7 @@ class Serving(TypedDict):
 
     model_cache: ModelCache
     refs: RefCache
+    plane: DataPlane
 
 
 @asynccontextmanager
@@ -158,12 +150,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     await run_in_threadpool(_prepare_schema, app.state.settings)
     # What uploads of a killed API process left (a temporary archive, a partial unpack).
     await run_in_threadpool(sweep_temporaries, app.state.settings)
-    model_cache = _model_cache(app.state.settings, app.state.telemetry.models.batch)
+    settings, metrics = app.state.settings, app.state.telemetry.models
+    model_cache = _model_cache(settings, metrics.batch)
+    refs = RefCache()
     stop = threading.Event()
     warm_up = threading.Thread(target=_warm_up, args=(stop,), name="zoo-warm-up")
     warm_up.start()
     try:
-        yield {"model_cache": model_cache, "refs": RefCache()}
+        plane = DataPlane(settings, model_cache, refs, metrics)
+        yield {"model_cache": model_cache, "refs": refs, "plane": plane}
     finally:
         stop.set()  # it ends after the net it is counting (at most a few seconds)
         await run_in_threadpool(warm_up.join)

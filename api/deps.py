@@ -11,14 +11,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.cache import TtlCache
 from api.errors import KEY_REQUIRED, ForbiddenError, UnauthorizedError
-from api.model_cache import RefCache
 from core import keys
 from core.db.session import get_engine, session_scope
 from core.keys import Principal
 from core.owners import Caller
 from core.settings import Settings
+from serving.cache import RefCache
+from serving.memo import TtlCache
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: rs_<prefix>_<secret>.")
 

@@ -8,9 +8,10 @@
 - `AuthFirst`: with auth on, a request that carries a body is authenticated from its
   headers first; without a valid key it is a 401 and its body is never read.
 - `PublicErrors`: error answers carry no server paths; an unexpected exception is a 500
-  that cites an error id, its traceback going to the server log with that id. Under
-  `/v2` (the Open Inference Protocol) every error answer takes the protocol's shape,
-  `{"error": "message"}`, and a 422 is the protocol's 400.
+  that cites an error id, its traceback going to the server log with that id.
+
+Under `/v2` (the Open Inference Protocol) the edge's own answers take the protocol's
+shape, `{"error": "message"}`, as its routes' errors do (`api.routers.inference`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from fastapi import FastAPI
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.cache import TtlCache
 from api.deps import check_key
 from api.errors import DATABASE_RETRY_AFTER_S, DATABASE_UNAVAILABLE, KEY_REQUIRED
 from api.schemas import API_PREFIX, ErrorOut
@@ -35,6 +35,7 @@ from core.db.session import UNAVAILABLE
 from core.keys import Principal
 from core.redaction import public_text
 from core.settings import Settings
+from serving.memo import TtlCache
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class HostGuard:
                 f"this service does not answer to host {host!r}; it answers to "
                 f"{', '.join(allowed)}{_HOSTS_HINT if self.loopback_only else ''}"
             )
-            await answer(send, 421, "misdirected_request", message)
+            await answer(send, 421, "misdirected_request", message, bare=is_protocol(scope["path"]))
             return
         origin = headers.get("origin")
         if self._foreign_change(scope, origin, allowed):
@@ -132,7 +133,7 @@ class HostGuard:
                 f"a change sent from another site (Origin {origin!r}) is refused while auth "
                 "is off; only this service's own pages may send changes"
             )
-            await answer(send, 403, "forbidden", message)
+            await answer(send, 403, "forbidden", message, bare=is_protocol(scope["path"]))
             return
         await self.app(scope, receive, send)
 
@@ -258,7 +259,10 @@ class AuthFirst:
             scope.setdefault("state", {})[PRINCIPAL] = principal
         elif scope["method"] not in SAFE_METHODS:
             message = "the API key is malformed, unknown or revoked" if key else KEY_REQUIRED
-            await answer(send, 401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+            challenge = {"WWW-Authenticate": "Bearer"}
+            await answer(
+                send, 401, "unauthorized", message, challenge, bare=is_protocol(scope["path"])
+            )
             return
         await self.app(scope, receive, send)
 
@@ -310,7 +314,7 @@ class PublicErrors:
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
-                await self._send_clean(send, held, b"".join(chunks), protocol=protocol)
+                await self._send_clean(send, held, b"".join(chunks))
 
         try:
             await self.app(scope, receive, cleaned)
@@ -333,32 +337,18 @@ class PublicErrors:
             message = f"an unexpected error occurred; quote error id {error_id} when reporting it"
             await answer(send, 500, "internal", message, {"X-Error-Id": error_id}, bare=protocol)
 
-    async def _send_clean(
-        self, send: Send, start: Message, body: bytes, *, protocol: bool = False
-    ) -> None:
-        """Send a held error answer with its strings' server paths made public (and, under
-        the protocol's routes, in the protocol's shape)."""
+    async def _send_clean(self, send: Send, start: Message, body: bytes) -> None:
+        """Send a held error answer with its strings' server paths made public."""
         try:
             cleaned = _public(json.loads(body), self.settings)
         except ValueError:
             clean = body
         else:
-            if protocol:
-                cleaned = _protocol_shape(cleaned)
-                if start["status"] == 422:  # the protocol has one status for a bad request
-                    start = {**start, "status": 400}
             clean = json.dumps(cleaned).encode()
         headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(clean)).encode()))
         await send({**start, "headers": headers})
         await send({"type": "http.response.body", "body": clean})
-
-
-def _protocol_shape(body: Any) -> Any:
-    """An error body in the protocol's shape: {"error": "message"}."""
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return {"error": str(body["error"].get("message", ""))}
-    return body
 
 
 def _is_json(start: Message) -> bool:

@@ -1,25 +1,41 @@
 """One error shape for every failure: `{"error": {"code", "message", "details"}}`.
 
-The domain's errors (`core.errors`) map to one status each, by class, in `DOMAIN_STATUS`;
-routes call the services straight and let them raise. `ApiError` subclasses are the
-refusals that only HTTP has (authentication, scopes, sizes, media types, overload), one
-status each. Framework errors (validation, unknown routes, body limits) look the same.
+The domain's errors (`core.errors`) and the data plane's (`serving.errors`) map to one
+status each, by class, in `STATUS`; routes call the services straight and let them raise.
+`ApiError` subclasses are the refusals that only HTTP has (authentication, scopes, sizes),
+one status each. Framework errors (validation, unknown routes, body limits) look the same.
+The Open Inference Protocol's adapter (`api.routers.inference`) renders the same statuses
+in its own shape.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 
 from api.schemas import ErrorDetail, ErrorOut
 from core.db.session import UNAVAILABLE
 from core.errors import ConflictError, DomainError, InvalidError, NotFoundError, NotOwnedError
 from core.storage import StoreUnavailableError
+from serving.errors import STORE_RETRY_AFTER_S as STORE_RETRY_AFTER_S
+from serving.errors import STORE_UNAVAILABLE as STORE_UNAVAILABLE
+from serving.errors import (
+    BadInputError,
+    InputTooLargeError,
+    ModelFailedError,
+    OverloadedError,
+    ServingError,
+    UnavailableError,
+    UnsupportedInputError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +79,8 @@ class ForbiddenError(ApiError):
     status = 403
 
 
-class BadImageError(ApiError):
-    status = 400
-
-
 class TooLargeError(ApiError):
     status = 413
-
-
-class UnsupportedMediaError(ApiError):
-    status = 415
 
 
 class ServerFaultError(ApiError):
@@ -83,19 +91,6 @@ class ServerFaultError(ApiError):
 
 # What a request without a key is told where keys are required.
 KEY_REQUIRED = "an API key is required: send `Authorization: Bearer rs_...`"
-
-RETRY_AFTER_S = 1
-
-
-class OverloadedError(ApiError):
-    """The service is busy; the client should retry after `RETRY_AFTER_S`."""
-
-    status = 503
-    headers: ClassVar[dict[str, str]] = {"Retry-After": str(RETRY_AFTER_S)}
-
-
-STORE_RETRY_AFTER_S = 5  # an object store's restart or a network blip
-STORE_UNAVAILABLE = f"the artifact store is unavailable; try again in {STORE_RETRY_AFTER_S} s"
 
 
 class StoreDownError(ApiError):
@@ -109,17 +104,26 @@ DATABASE_RETRY_AFTER_S = 2  # a database restart or failover usually takes secon
 DATABASE_UNAVAILABLE = f"the database is unavailable; try again in {DATABASE_RETRY_AFTER_S} s"
 
 
-DOMAIN_STATUS: dict[type[DomainError], int] = {
+# The status of each refusal of the domain and of the data plane, by class.
+STATUS: dict[type[Exception], int] = {
     NotFoundError: 404,
     NotOwnedError: 403,
     ConflictError: 409,
     InvalidError: 422,
+    BadInputError: 400,
+    InputTooLargeError: 413,
+    UnsupportedInputError: 415,
+    OverloadedError: 503,
+    UnavailableError: 503,
+    ModelFailedError: 500,
+    StoreUnavailableError: 503,
+    **dict.fromkeys(UNAVAILABLE, 503),
 }
 
 
-def domain_status(error: DomainError) -> int:
-    """The status of a domain error: its nearest class's in `DOMAIN_STATUS`."""
-    return next(DOMAIN_STATUS[cls] for cls in type(error).__mro__ if cls in DOMAIN_STATUS)
+def status_for(kind: type[BaseException]) -> int:
+    """The status of an error class: its nearest class's in `STATUS`, else 500."""
+    return next((STATUS[cls] for cls in kind.__mro__ if cls in STATUS), 500)
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -127,37 +131,68 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorOut, "description": _CODES[status]} for status in statuses}
 
 
-def _render(
-    status: int,
-    code: str,
-    message: str,
-    details: list[ErrorDetail],
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    body = ErrorOut.model_validate(
-        {"error": {"code": code, "message": message, "details": details}}
-    )
-    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+@dataclass(slots=True)
+class Refusal:
+    """An error as it is answered: status, code, message, details and headers."""
+
+    status: int
+    code: str
+    message: str
+    details: list[ErrorDetail] = field(default_factory=list)
+    headers: dict[str, str] | None = None
 
 
-async def _api_error(_request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, ApiError)
-    return _render(error.status, error.code, error.message, error.details, error.headers or None)
-
-
-async def _domain_error(_request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, DomainError)
-    status = domain_status(error)
-    details = [ErrorDetail(loc=list(error.field), msg=error.message)] if error.field else []
-    return _render(status, _CODES[status], error.message, details)
-
-
-async def _database_unavailable(request: Request, error: Exception) -> JSONResponse:
-    # The pool drops the broken connections (and pings before reuse): the next request
-    # after the database is back succeeds with no restart.
-    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, error)
+def refusal_of(error: BaseException) -> Refusal | None:
+    """How an error is answered, by its class; None for an unexpected one (a 500 that
+    `api.edge.PublicErrors` answers with an error id)."""
+    if isinstance(error, ApiError):
+        return Refusal(
+            error.status, error.code, error.message, error.details, error.headers or None
+        )
+    if isinstance(error, HTTPException):
+        return _http_refusal(error)
+    if isinstance(error, RequestValidationError):
+        return _validation_refusal(error)
+    status = status_for(type(error))
+    if status == 500 and not isinstance(error, ModelFailedError):
+        return None
+    if isinstance(error, DomainError):
+        details = [ErrorDetail(loc=list(error.field), msg=error.message)] if error.field else []
+        return Refusal(status, _CODES[status], error.message, details)
+    if isinstance(error, ServingError):
+        details = [ErrorDetail(loc=list(loc), msg=message) for loc, message in error.details]
+        return Refusal(status, _CODES[status], error.message, details, retry_after(error))
+    if isinstance(error, StoreUnavailableError):
+        headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        return Refusal(503, "unavailable", STORE_UNAVAILABLE, [], headers)
+    # The database: the pool drops the broken connections (and pings before reuse), so the
+    # next request after the database is back succeeds with no restart.
     headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
-    return _render(503, "unavailable", DATABASE_UNAVAILABLE, [], headers)
+    return Refusal(503, "unavailable", DATABASE_UNAVAILABLE, [], headers)
+
+
+def status_of(error: BaseException) -> int:
+    """The status an error is answered with (500: an unexpected one)."""
+    refusal = refusal_of(error)
+    return 500 if refusal is None else refusal.status
+
+
+def retry_after(error: ServingError) -> dict[str, str] | None:
+    """The Retry-After header of a refusal the client may try again after, else None."""
+    return None if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
+
+
+def render(refusal: Refusal) -> JSONResponse:
+    """A refusal in the shared shape."""
+    body = ErrorOut.model_validate(
+        {"error": {"code": refusal.code, "message": refusal.message, "details": refusal.details}}
+    )
+    return JSONResponse(
+        body.model_dump(mode="json"), status_code=refusal.status, headers=refusal.headers
+    )
+
+
+Renderer = Callable[[Refusal], Response]
 
 
 # The framework answers 400 for a body it cannot decode (bytes that are not UTF-8, a broken
@@ -170,23 +205,21 @@ UNPARSABLE_BODY = (
 )
 
 
-async def _http_error(_request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, HTTPException)
+def _http_refusal(error: HTTPException) -> Refusal:
     if error.status_code == 400:
         message = f"{UNPARSABLE_BODY} ({error.detail})"
-        return _render(422, "invalid", f"body: {message}", [ErrorDetail(loc=["body"], msg=message)])
+        return Refusal(422, "invalid", f"body: {message}", [ErrorDetail(loc=["body"], msg=message)])
     code = _CODES.get(error.status_code, "error")
     headers = dict(error.headers) if error.headers else None
-    return _render(error.status_code, code, str(error.detail), [], headers)
+    return Refusal(error.status_code, code, str(error.detail), [], headers)
 
 
-async def _validation_error(_request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, RequestValidationError)
+def _validation_refusal(error: RequestValidationError) -> Refusal:
     details = [_detail(problem, error.body) for problem in error.errors()]
     first = details[0]
     where = ".".join(str(part) for part in first.loc[1:]) or first.loc[0]
     extra = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
-    return _render(422, "invalid", f"{where}: {first.msg}{extra}", details)
+    return Refusal(422, "invalid", f"{where}: {first.msg}{extra}", details)
 
 
 def _detail(problem: Any, body: Any) -> ErrorDetail:
@@ -229,19 +262,26 @@ def _child(node: Any, part: str | int) -> Any:
     return None
 
 
-async def _store_unavailable(request: Request, error: Exception) -> JSONResponse:
-    log.warning("%s %s: artifact store unavailable: %s", request.method, request.url.path, error)
-    headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
-    return _render(503, "unavailable", STORE_UNAVAILABLE, [], headers)
+def install(app: FastAPI, renderers: dict[str, Renderer] | None = None) -> None:
+    """Render every error of `app` in the shared shape, or under a path prefix of
+    `renderers` in that protocol's own (`api.routers.inference`)."""
+    by_prefix = tuple((renderers or {}).items())
 
+    async def refused(request: Request, error: Exception) -> Response:
+        refusal = refusal_of(error)
+        if refusal is None:
+            raise error
+        if isinstance(error, (StoreUnavailableError, *UNAVAILABLE)):
+            what = "artifact store" if isinstance(error, StoreUnavailableError) else "database"
+            log.warning("%s %s: %s unavailable: %s", request.method, request.url.path, what, error)
+        path = request.url.path
+        render_as = next(
+            (r for prefix, r in by_prefix if path == prefix or path.startswith(prefix + "/")),
+            render,
+        )
+        return render_as(refusal)
 
-def install(app: FastAPI) -> None:
-    """Render every error of `app` in the shared shape."""
-    app.add_exception_handler(ApiError, _api_error)
-    for domain_error in DOMAIN_STATUS:
-        app.add_exception_handler(domain_error, _domain_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    for unavailable in UNAVAILABLE:
-        app.add_exception_handler(unavailable, _database_unavailable)
-    app.add_exception_handler(StoreUnavailableError, _store_unavailable)
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    for kind in (ApiError, DomainError, ServingError, HTTPException, RequestValidationError):
+        app.add_exception_handler(kind, refused)
+    for unavailable in (StoreUnavailableError, *UNAVAILABLE):
+        app.add_exception_handler(unavailable, refused)

@@ -13,10 +13,11 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from api import queries, search
-from core import kinds
+from client.filters import JobFilter
+from core import job_queries, job_search, kinds
 from core.db.session import session_scope
 from core.db.tables import Job
+from core.owners import Caller
 from training.spreadsheets import text_cell
 
 COLUMNS = (
@@ -28,34 +29,57 @@ _ATTRIBUTES = {"model": "model_name", "dataset": "dataset_name"}
 PAGE = 500  # rows a database read; each is its own short transaction
 
 
-def header(extra: Sequence[search.Field]) -> list[str]:
+def header(extra: Sequence[job_search.Field]) -> list[str]:
     """The column names: the fixed ones, then the extra paths as asked."""
     return [*COLUMNS, *(field.name for field in extra)]
 
 
 def stream(
-    url: str, filters: queries.JobFilter, sort: str, extra: Sequence[search.Field]
+    url: str, filters: JobFilter, caller: Caller, extra: Sequence[job_search.Field]
 ) -> Iterator[bytes]:
-    """The header line, then the matching jobs' lines, in `sort` order."""
+    """The header line, then the lines of the jobs the caller may read that pass `filters`,
+    in their `sort` order. The first page is read now: a refusal (another's jobs, a cursor)
+    comes before the answer starts."""
+    first = _page(url, filters, caller, extra, None)
+    return _lines(url, filters, caller, extra, first)
+
+
+def _lines(
+    url: str,
+    filters: JobFilter,
+    caller: Caller,
+    extra: Sequence[job_search.Field],
+    first: tuple[bytes, str | None],
+) -> Iterator[bytes]:
     yield _line(header(extra))
-    cursor: str | None = None
-    while True:
-        with session_scope(url) as session:
-            jobs, cursor = queries.list_jobs(
-                session=session,
-                filters=filters,
-                sort=sort,
-                limit=PAGE,
-                cursor=cursor,
-                documents=any(field.document == "summary" for field in extra),
-            )
-            lines = [_line(row(job, extra)) for job in jobs]
-        yield b"".join(lines)
-        if cursor is None:
-            return
+    lines, cursor = first
+    yield lines
+    while cursor is not None:
+        lines, cursor = _page(url, filters, caller, extra, cursor)
+        yield lines
 
 
-def row(job: Job, extra: Sequence[search.Field]) -> list[str]:
+def _page(
+    url: str,
+    filters: JobFilter,
+    caller: Caller,
+    extra: Sequence[job_search.Field],
+    cursor: str | None,
+) -> tuple[bytes, str | None]:
+    """A page of lines, read in a short transaction of its own, and the next page's cursor."""
+    with session_scope(url) as session:
+        jobs, cursor = job_queries.list_jobs(
+            session=session,
+            filters=filters,
+            caller=caller,
+            limit=PAGE,
+            cursor=cursor,
+            documents=any(field.document == "summary" for field in extra),
+        )
+        return b"".join(_line(row(job, extra)) for job in jobs), cursor
+
+
+def row(job: Job, extra: Sequence[job_search.Field]) -> list[str]:
     """One job's cells: tags joined by `;`, times in ISO form, missing values empty."""
     values: list[Any] = [getattr(job, _ATTRIBUTES.get(name, name)) for name in COLUMNS]
     values[COLUMNS.index("tags")] = ";".join(job.tags)
@@ -63,7 +87,7 @@ def row(job: Job, extra: Sequence[search.Field]) -> list[str]:
     return [_cell(value) for value in values]
 
 
-def _read(field: search.Field, job: Job) -> Any:
+def _read(field: job_search.Field, job: Job) -> Any:
     """A field's value as clients read it: a server path in the spec or summary is left out."""
     value = field.read(job)
     if field.column is not None:

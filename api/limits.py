@@ -18,11 +18,10 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.cache import query_of
-from api.edge import PRINCIPAL, answer
-from api.errors import RETRY_AFTER_S
-from api.schemas import ErrorOut
+from api.edge import PRINCIPAL, answer, is_protocol
+from api.hot_routes import query_of
 from core.owners import Caller
+from serving.dataplane import overloaded
 
 PathTest = Callable[[str], bool]
 
@@ -59,7 +58,9 @@ class BodyLimit:
         limit = self.limit(scope["path"])
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) > limit:
-            await _refuse(send, limit)
+            # Answered without reading the body.
+            bare = is_protocol(scope["path"])
+            await answer(send, 413, "too_large", _message(limit), bare=bare)
             return
         received, complete = 0, False
         escapes = EscapeScan() if _is_json(declared_type(scope)) else None
@@ -132,25 +133,15 @@ def _message(limit: int) -> str:
     return f"the request body is larger than the limit of {limit:,} bytes"
 
 
-async def _refuse(send: Send, limit: int) -> None:
-    """Answer 413 without reading the body."""
-    body = ErrorOut.model_validate(
-        {"error": {"code": "too_large", "message": _message(limit), "details": []}}
-    ).model_dump_json()
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body.encode()})
-
-
 class PredictShed:
     """ASGI middleware: POST `path` (or a path `ref_of` finds a model reference in) for a
     model whose request queue is full is a 503 at once.
 
     At twice the capacity, the excess must cost next to nothing, or refusing it starves the
-    requests being served. The route admits too (`ModelCache.admit`); this only reads what
-    the app knows already, the references it resolved (`RefCache`) and each model's admitted
-    requests, and lets everything else through to the route: a reference not resolved yet,
-    or resolved longer ago than `ttl_s`.
+    requests being served. The route admits too, with the same test (`serving.dataplane.
+    overloaded`); this only reads what the app knows already, the references it resolved
+    (`RefCache`) and each model's admitted requests, and lets everything else through to
+    the route: a reference not resolved yet, or resolved longer ago than `ttl_s`.
     """
 
     def __init__(
@@ -173,20 +164,25 @@ class PredictShed:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ref = self._ref(scope) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if ref is not None:
+        if ref:
             state = scope.get("state") or {}
             refs, cache = state.get("refs"), state.get("model_cache")
-            target = refs.get(ref, self.ttl_s) if refs is not None and ref else None
-            if target is not None and cache is not None and cache.full(target.sha256):
-                # Only a caller that the route would serve learns that the model is busy.
-                principal = state.get(PRINCIPAL)
-                caller = Caller(principal, own_reads_only=self.reads_owner_only)
-                if (principal is None or principal.allows("predict")) and caller.sees(
-                    target.owner_key_id
-                ):
-                    message = f"{cache.full_message}; retry in {RETRY_AFTER_S} s"
-                    retry = {"Retry-After": str(RETRY_AFTER_S)}
-                    # Kept alive: a client that retries must not pay for a new connection.
-                    await answer(send, 503, "unavailable", message, retry, close=False)
-                    return
+            target = refs.get(ref, self.ttl_s) if refs is not None else None
+            principal = state.get(PRINCIPAL)
+            caller = Caller(principal, own_reads_only=self.reads_owner_only)
+            # Only a caller that the route would serve learns that the model is busy.
+            if (
+                target is not None
+                and cache is not None
+                and (principal is None or principal.allows("predict"))
+                and caller.sees(target.owner_key_id)
+                and (refused := overloaded(cache, target)) is not None
+            ):
+                retry = {"Retry-After": str(refused.retry_after_s)}
+                # Kept alive: a client that retries must not pay for a new connection.
+                bare = is_protocol(scope["path"])
+                await answer(
+                    send, 503, "unavailable", refused.message, retry, close=False, bare=bare
+                )
+                return
         await self.app(scope, receive, send)

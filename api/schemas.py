@@ -9,15 +9,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api import search
-from core import resources, uploads, workers
+from client.filters import JobFilter
+from client.wire import API_PREFIX as API_PREFIX
+from client.wire import ExportFormat as ExportFormat
+from client.wire import JobStatus, Scope
+from core import job_queries, job_search, resources, uploads, workers
 from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
 from core.kinds import KINDS, shown
+from core.studies.search import Method as SearchMethod
+from core.studies.search import PrunerName
 from training.specs import Tag
-
-Scope = Literal["read", "train", "predict", "admin"]
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-API_PREFIX = "/api/v1"
 
 
 class ErrorDetail(BaseModel):
@@ -53,14 +54,7 @@ class JobLinks(BaseModel):
     @classmethod
     def of(cls, job_id: uuid.UUID) -> JobLinks:
         """The links of job `job_id`."""
-        base = f"{API_PREFIX}/jobs/{job_id}"
-        return cls(
-            self=base,
-            metrics=f"{base}/metrics",
-            events=f"{base}/events",
-            checkpoints=f"{base}/checkpoints",
-            cancel=f"{base}/cancel",
-        )
+        return cls.model_validate(job_queries.links(job_id))
 
 
 class JobProgress(BaseModel):
@@ -104,7 +98,7 @@ class JobItem(BaseModel):
     cell: int | None = Field(None, description="Its cell in the study's grid.")
     held: bool = Field(False, description="Queued but waiting for its study's turn.")
     queue: str = Field(
-        resources.CPU_QUEUE, description="The queue of what it needs: train, gpu, gpu-N."
+        resources.CPU_QUEUE, description="The queue of what it needs: cpu, gpu, gpu-N."
     )
     waiting_for: str | None = Field(
         None, description="While queued: the worker it waits for, e.g. 'a worker with a GPU'."
@@ -128,7 +122,7 @@ class JobItem(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobItem:
         """The runs-table view of a job row."""
-        return cls.model_validate(_job_fields(job))
+        return cls.model_validate(job_queries.fields(job))
 
 
 class JobOut(JobItem):
@@ -150,7 +144,7 @@ class JobOut(JobItem):
     @classmethod
     def of(cls, job: Job) -> JobOut:
         """The full view of a job row."""
-        fields = _job_fields(job)
+        fields = job_queries.fields(job)
         # Server file paths (a pinned checkpoint's) stay on the server.
         spec, summary = shown(job.kind, "spec", job.spec), shown(job.kind, "summary", job.summary)
         fields.update(spec=spec, summary=summary, updated_at=job.updated_at)
@@ -158,36 +152,8 @@ class JobOut(JobItem):
         return cls.model_validate(fields)
 
 
-def _job_fields(job: Job) -> dict[str, Any]:
-    columns = (
-        *("id", "kind", "status", "name", "tags", "note", "depth", "attempt", "max_attempts"),
-        *("worker", "device", "error", "cancel_requested"),
-        *("created_at", "started_at", "finished_at"),
-    )
-    fields: dict[str, Any] = {column: getattr(job, column) for column in columns}
-    results = {key: getattr(job, key) for key in JobResults.model_fields}
-    needs = resources.of_spec(job.spec)
-    waiting = job.status == "queued" and not job.held
-    return fields | {
-        "queue": resources.queue_for(needs.gpus or 0),
-        "waiting_for": resources.describe(needs) if waiting else None,
-        "model": job.model_name,
-        "family": job.model_family,
-        "dataset": job.dataset_name,
-        "data_digest": job.data_digest,
-        "source_job": job.source_job_id,
-        "study": job.study_id,
-        "cell": job.cell,
-        "held": job.held,
-        "owner": job.owner_key_id,
-        "progress": {"step": job.step, "total_steps": job.total_steps},
-        "results": results,
-        "links": JobLinks.of(job.id),
-    }
-
-
 class RetryOut(BaseModel):
-    """A failed or cancelled job queued again, and where its next run starts."""
+    """A failed, cancelled or pruned job queued again, and where its next run starts."""
 
     job: JobOut
     resume_step: int | None = Field(
@@ -209,8 +175,7 @@ class JobState(BaseModel):
     @classmethod
     def of(cls, job: Job) -> JobState:
         """The state of a job row."""
-        fields = ("status", "attempt", "cancel_requested", "error", "step", "total_steps")
-        return cls.model_validate({name: getattr(job, name) for name in fields})
+        return cls.model_validate(job_queries.state(job))
 
 
 class LogLine(BaseModel):
@@ -229,38 +194,9 @@ class LogLine(BaseModel):
         return cls.model_validate(row)
 
 
-class JobSearch(BaseModel):
-    """The job list's filters and order (`api.search` has the filter language)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    status: list[JobStatus] = Field(default_factory=list, description="Any of these statuses.")
-    kind: str | None = Field(None, max_length=32, description="A registered job kind.")
-    model: str | None = Field(None, max_length=100, description="Zoo name, e.g. resnet56.")
-    family: str | None = Field(None, max_length=32, description="resnet, plain, preact_resnet.")
-    dataset: str | None = Field(None, max_length=100)
-    tag: list[Annotated[str, Field(max_length=200)]] = Field(
-        default_factory=list, max_length=20, description="Jobs with every one of these tags."
-    )
-    q: str | None = Field(None, max_length=200, description="Text in the job's name.")
-    study: uuid.UUID | None = Field(None, description="The jobs of this study.")
-    owner: uuid.UUID | Literal["me"] | None = Field(
-        None, description="The jobs of this API key (its id), or `me`: the caller's."
-    )
-    filter: list[Annotated[str, Field(max_length=400)]] = Field(
-        default_factory=list,
-        max_length=20,
-        description="`path op value`, all must hold: best_test_error<0.08, "
-        "model.options.unit=full_preact, recipe.lr>=0.1, summary.best_train_error<0.05, "
-        "dataset.name~cifar, created_at>=2026-11-01, data_digest=3f2a9c01 (the whole "
-        "sha256:<hex> digest, or its first 8+ hex digits). Ops: = != < <= > >= ~ (contains).",
-    )
-    sort: str = Field(
-        "-created",
-        max_length=200,
-        description="created, finished, a summary column, summary.<key> or a spec path "
-        "(recipe.lr); - for descending. Nulls last, ties by id.",
-    )
+class JobSearch(JobFilter):
+    """The job list's filters and order (`client.filters` declares them), checked here:
+    a registered kind, filters and a sort that `core.job_search` reads."""
 
     @field_validator("kind")
     @classmethod
@@ -273,18 +209,14 @@ class JobSearch(BaseModel):
     @classmethod
     def _filters(cls, filters: list[str]) -> list[str]:
         for text in filters:
-            search.parse_filter(text)
+            job_search.parse_filter(text)
         return filters
 
     @field_validator("sort")
     @classmethod
     def _sort(cls, sort: str) -> str:
-        search.parse_sort(sort)
+        job_search.parse_sort(sort)
         return sort
-
-    def conditions(self) -> list[search.Condition]:
-        """The filter expressions, parsed."""
-        return [search.parse_filter(text) for text in self.filter]
 
 
 class JobQuery(JobSearch):
@@ -310,12 +242,12 @@ class JobExportQuery(JobSearch):
         if len(names) > MAX_EXTRA_COLUMNS:
             raise ValueError(f"at most {MAX_EXTRA_COLUMNS} extra columns")
         for name in names:
-            search.parse_field(name)
+            job_search.parse_field(name)
         return ",".join(names) or None
 
-    def fields(self) -> list[search.Field]:
+    def fields(self) -> list[job_search.Field]:
         """The extra columns, parsed."""
-        return [search.parse_field(name) for name in (self.columns or "").split(",") if name]
+        return [job_search.parse_field(name) for name in (self.columns or "").split(",") if name]
 
 
 MAX_EXTRA_COLUMNS = 50
@@ -704,9 +636,6 @@ class RegisteredModelPage(BaseModel):
     next_cursor: str | None
 
 
-ExportFormat = Literal["onnx", "torchscript", "torch_export"]  # training.export.FORMATS
-
-
 class ExportIn(BaseModel):
     """The deployment format to export a registered version to."""
 
@@ -853,6 +782,46 @@ class StudyIn(BaseModel):
     name: str | None = Field(None, max_length=200)
     tags: list[str] = Field(default_factory=list, max_length=20)
     max_parallel: int = Field(2, ge=1, le=1000, description="Jobs of the study run at once.")
+    search: Literal["grid"] | SearchMethod = Field(
+        "grid",
+        description="grid: every cell of the grid; random or tpe (Bayesian, Optuna's TPE): "
+        "`trials` samples of `space`, each one train job of the base with its values set.",
+    )
+    space: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="A search's parameters: spec path -> {type: choice, values: [...]}, "
+        "{type: uniform | loguniform, low, high} or {type: int, low, high, step, log}.",
+        examples=[
+            {
+                "recipe.lr": {"type": "loguniform", "low": 0.01, "high": 0.5},
+                "recipe.weight_decay": {"type": "loguniform", "low": 1e-5, "high": 1e-3},
+            }
+        ],
+    )
+    trials: int | None = Field(None, ge=1, le=10_000, description="A search's trial budget.")
+    pruner: PrunerName = Field(
+        "none",
+        description="A search's early stopping (Optuna's pruners), judged on `objective` at "
+        "each of a trial's evaluations; a pruned trial's job ends `pruned`.",
+    )
+    objective: str = Field(
+        "val/error", max_length=32, description="The metric a search minimises (last point)."
+    )
+    search_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seeds a search's sampler.")
+
+    @model_validator(mode="after")
+    def _search_or_grid(self) -> StudyIn:
+        if self.search == "grid":
+            if self.space or self.trials is not None or self.pruner != "none":
+                raise ValueError(
+                    "space, trials and pruner belong to a search: set search to random or tpe"
+                )
+            return self
+        if self.preset is not None:
+            raise ValueError("a search takes a base spec and a space, not a preset")
+        if not self.space or self.trials is None:
+            raise ValueError(f"a {self.search} search needs a space and a number of trials")
+        return self
 
     @field_validator("seeds")
     @classmethod
@@ -878,6 +847,36 @@ class StudyIn(BaseModel):
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
 
 
+class StudyExtendIn(BaseModel):
+    """More of a study: seeds for every cell (a number) or chosen cells ({cell: seeds}), or
+    trials for a search. The new jobs join the same results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    add_seeds: int | dict[str, Annotated[int, Field(ge=0, le=1000)]] | None = Field(
+        None,
+        description="Seeds to add to every cell, or per cell index; each cell's new seeds are "
+        "the smallest it has not run. GET /studies/{id}/plan proposes them.",
+        examples=[3, {"0": 2, "3": 4}],
+    )
+    add_trials: int | None = Field(None, ge=1, le=10_000, description="Trials for a search.")
+
+    @field_validator("add_seeds")
+    @classmethod
+    def _cells_by_index(cls, value: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        if isinstance(value, int) and not 1 <= value <= 1000:
+            raise ValueError("add_seeds must be from 1 to 1000 seeds, or {cell: seeds}")
+        if isinstance(value, dict) and not all(key.isdigit() for key in value):
+            raise ValueError("add_seeds' keys are cell indexes (0, 1, ...) as in the study's cells")
+        return value
+
+    def seeds_by_cell(self) -> int | dict[int, int] | None:
+        """add_seeds with its cells as numbers."""
+        if isinstance(self.add_seeds, dict):
+            return {int(key): count for key, count in self.add_seeds.items()}
+        return self.add_seeds
+
+
 class StudyCounts(BaseModel):
     """How many of a study's jobs are in each status, and how many have ended."""
 
@@ -886,6 +885,7 @@ class StudyCounts(BaseModel):
     succeeded: int
     failed: int
     cancelled: int
+    pruned: int = Field(description="A search's trials its pruner stopped early.")
     done: int
     total: int
 
@@ -898,6 +898,12 @@ class ErrorStats(BaseModel):
     std: float | None = Field(description="Sample standard deviation; null under 2 seeds.")
     min: float | None
     max: float | None
+    median_ci: list[float] | None = Field(
+        None, description="The median's 95% bootstrap interval [low, high]; null under 2 seeds."
+    )
+    mean_ci: list[float] | None = Field(
+        None, description="The mean's 95% bootstrap interval [low, high]; null under 2 seeds."
+    )
 
 
 class CellResult(BaseModel):
@@ -928,6 +934,80 @@ class CellResult(BaseModel):
     )
 
 
+# What a study's seeds say with confidence: the papers' claims, comparisons, the planner.
+
+
+class ClaimResult(BaseModel):
+    """A claimed ordering of two cells on a metric, judged on their seeds."""
+
+    claim: str = Field(description="The ordering in words, e.g. 'plain56 > plain44 in ...'.")
+    verdict: Literal["reproduced", "contradicted", "inconclusive"]
+    metric: str
+    relation: Literal["<", ">"] = Field(description="Cell a below (<) or above (>) cell b.")
+    a: int = Field(description="Cell a's index.")
+    b: int = Field(description="Cell b's index.")
+    p: float | None = Field(
+        description="One-sided p in the claimed direction, Holm-adjusted across the claims."
+    )
+    p_opposite: float | None = Field(description="The same for the reverse ordering.")
+    test: str
+    p_other: float | None = Field(description="`p` by the other test (`other_test`).")
+    other_test: str
+    effect: float | None = Field(description="Effect size; positive: cell a higher.")
+    effect_name: str
+    difference: float | None = Field(description="Mean of a minus mean of b.")
+    n: list[int] = Field(description="Finished seeds of cell a and cell b.")
+    seeds_needed: int | None = Field(
+        description="An inconclusive claim's seeds per cell that would settle it; null if none."
+    )
+    advice: str | None
+
+
+class CellComparison(BaseModel):
+    """Two cells compared on a metric: two-sided p (Holm-adjusted), effect, the lower one."""
+
+    a: int
+    b: int
+    a_label: str
+    b_label: str
+    n: list[int]
+    difference: float | None = Field(description="Mean of a minus mean of b.")
+    p: float | None = Field(description="Two-sided, Holm-adjusted across the comparisons.")
+    p_raw: float | None
+    p_less: float | None = Field(description="One-sided (a < b), unadjusted.")
+    p_greater: float | None = Field(description="One-sided (a > b), unadjusted.")
+    effect: float | None
+    effect_name: str
+    lower: int | None = Field(description="The cell lower at `level`; null: neither.")
+
+
+class StudyComparisonsOut(BaseModel):
+    """`GET /studies/{id}/compare`: cells compared on one metric by one test."""
+
+    metric: str
+    test: str
+    level: float
+    reference: int | None
+    comparisons: list[CellComparison]
+
+
+class StudyExtendBody(BaseModel):
+    """Seeds to add to cells: cell index -> how many more."""
+
+    add_seeds: dict[str, int]
+
+
+class StudyPlanOut(BaseModel):
+    """`GET /studies/{id}/plan`: each claim's verdict and seeds needed, and the body that
+    adds them (`POST /studies/{id}/extend`)."""
+
+    level: float
+    power: float
+    test: str
+    claims: list[ClaimResult]
+    extend: StudyExtendBody
+
+
 class StudyItem(BaseModel):
     """A study as the studies list shows it."""
 
@@ -954,6 +1034,16 @@ class StudyOut(StudyItem):
     note: str | None
     cells: list[CellResult]
     jobs: list[JobItem]
+    claims: list[ClaimResult] = Field(
+        default_factory=list, description="The preset's claims judged on the seeds."
+    )
+
+
+class PreviewCell(BaseModel):
+    """A cell a study would make: its values of the grid's axes, and the papers' number."""
+
+    values: dict[str, Any]
+    paper: float | None = Field(description="The papers' number for the cell (a fraction).")
 
 
 class StudyPreview(BaseModel):
@@ -963,7 +1053,7 @@ class StudyPreview(BaseModel):
     base: dict[str, Any]
     grid: dict[str, list[Any]]
     seeds: list[int]
-    cells: list[dict[str, Any]] = Field(description="Each cell's values and papers' number.")
+    cells: list[PreviewCell]
     jobs: int
 
 
@@ -1001,6 +1091,98 @@ class StudyCurvesOut(BaseModel):
     cells: list[CellCurve]
 
 
+# A search study's trials (`GET /studies/{id}/trials`).
+
+
+class TrialOut(BaseModel):
+    """One trial of a search: its job, its parameters, its objective and what it cost."""
+
+    trial: int = Field(description="Optuna's trial number.")
+    cell: int = Field(description="Its index in the study's cells (its job's `cell`).")
+    job_id: uuid.UUID | None
+    status: str = Field(description="Its job's status: queued ... succeeded, or pruned.")
+    params: dict[str, Any] = Field(description="Each space path's value in this trial.")
+    value: float | None = Field(description="The objective's last point (pruned trials too).")
+    best_value: float | None = Field(description="The objective's best point.")
+    steps: int = Field(description="Steps trained.")
+    job_seconds: float = Field(description="Seconds its job held a worker.")
+    pruned_at: int | None = Field(description="A pruned trial's step where it was stopped.")
+
+
+class BestTrialOut(BaseModel):
+    """The completed trial with the best objective, and the full spec its job trained."""
+
+    trial: int
+    job_id: uuid.UUID | None
+    params: dict[str, Any]
+    value: float
+    spec: dict[str, Any] = Field(description="The job's spec: train it again with POST /jobs.")
+
+
+class BestSoFarPoint(BaseModel):
+    """A completed trial's objective and the best objective up to it."""
+
+    trial: int
+    value: float
+    best: float
+
+
+class ParallelAxis(BaseModel):
+    """A parameter's axis of the parallel coordinates: its range, or its choices."""
+
+    path: str
+    type: str
+    low: float | None
+    high: float | None
+    log: bool
+    choices: list[Any] | None
+
+
+class ParallelLine(BaseModel):
+    """A completed (or pruned: its last evaluation) trial through its parameters to its
+    objective."""
+
+    trial: int
+    params: dict[str, Any]
+    value: float
+    status: str = Field(description="succeeded, or pruned.")
+
+
+class ParallelOut(BaseModel):
+    """The parallel coordinates of a search: an axis per parameter, a line per trial."""
+
+    objective: str
+    axes: list[ParallelAxis]
+    lines: list[ParallelLine]
+
+
+class JobSecondsOut(BaseModel):
+    """The compute a search took, in all and by its trials' status."""
+
+    total: float
+    by_status: dict[str, float]
+    saved_by_pruning: float = Field(
+        description="An estimate: each pruned trial's seconds per step times its steps left."
+    )
+
+
+class StudyTrialsOut(BaseModel):
+    """A search's trials, its best trial, the best so far, importances and compute."""
+
+    method: str
+    objective: str
+    direction: Literal["minimize", "maximize"]
+    trials: list[TrialOut]
+    best: BestTrialOut | None
+    best_so_far: list[BestSoFarPoint]
+    importances: dict[str, float] | None = Field(
+        description="Each parameter's fANOVA importance (they sum to 1); null under 2 "
+        "completed trials, with one parameter, or where the trials do not vary."
+    )
+    parallel: ParallelOut
+    job_seconds: JobSecondsOut
+
+
 class WorkerOut(BaseModel):
     """A worker process group as registered, and whether its heartbeat is recent."""
 
@@ -1008,7 +1190,7 @@ class WorkerOut(BaseModel):
     host: str
     pid: int
     devices: list[str] = Field(examples=[["cuda:0"]], description="cpu, or the GPUs it owns.")
-    queues: list[str] = Field(examples=[["train", "gpu"]], description="The queues it serves.")
+    queues: list[str] = Field(examples=[["cpu", "gpu"]], description="The queues it serves.")
     state: Literal["alive", "lost"] = Field(
         description="lost: no heartbeat for three leases (its jobs are re-enqueued)."
     )

@@ -17,8 +17,8 @@ import anyio
 from fastapi.sse import format_sse_event
 from starlette.concurrency import run_in_threadpool
 
-from api import queries
-from api.schemas import JobState, MetricsOut, Series
+from api.schemas import JobState, LogLine, MetricsOut, Series
+from core import job_queries
 from core.db.session import session_scope
 from core.db.tables import FINAL_STATUSES
 
@@ -38,51 +38,54 @@ async def job_events(
     with Last-Event-ID and since_step); metric points from `since_step` on."""
     if since_step is None:  # by default, only points written from now on
         since_step = await run_in_threadpool(_latest_step, url, job_id) + 1
-    cursor = queries.TailCursor(last_event_id, since_step)
+    cursor = job_queries.TailCursor(last_event_id, since_step)
     previous: JobState | None = None
     quiet_since = time.monotonic()
     deadline = quiet_since + max_seconds
     while time.monotonic() < deadline:
         tail = await run_in_threadpool(_tail, url, job_id, cursor)
-        chunks = _encode(tail, previous)
+        state = None if tail.state is None else JobState.model_validate(tail.state)
+        chunks = _encode(tail, state, previous)
         if chunks:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
             chunks, quiet_since = [b": keep-alive\n\n"], time.monotonic()
         for chunk in chunks:
             yield chunk
-        if _ended(tail):
-            yield _end(tail.state)
+        if _ended(tail, state):
+            yield _end(state)
             return
-        previous, cursor = tail.state, tail.cursor
+        previous, cursor = state, tail.cursor
         if not tail.more:
             await anyio.sleep(poll_seconds)
 
 
 def _latest_step(url: str, job_id: uuid.UUID) -> int:
     with session_scope(url) as session:
-        return queries.latest_step(session=session, job_id=job_id)
+        return job_queries.latest_step(session=session, job_id=job_id)
 
 
-def _tail(url: str, job_id: uuid.UUID, cursor: queries.TailCursor) -> queries.Tail:
+def _tail(url: str, job_id: uuid.UUID, cursor: job_queries.TailCursor) -> job_queries.Tail:
     with session_scope(url) as session:
-        return queries.tail(session=session, job_id=job_id, cursor=cursor)
+        return job_queries.tail(session=session, job_id=job_id, cursor=cursor)
 
 
-def _ended(tail: queries.Tail) -> bool:
+def _ended(tail: job_queries.Tail, state: JobState | None) -> bool:
     """Whether the job is gone or over, with nothing left to send."""
-    return tail.state is None or (tail.state.status in FINAL_STATUSES and not tail.more)
+    return state is None or (state.status in FINAL_STATUSES and not tail.more)
 
 
-def _encode(tail: queries.Tail, previous: JobState | None) -> list[bytes]:
+def _encode(
+    tail: job_queries.Tail, state: JobState | None, previous: JobState | None
+) -> list[bytes]:
     """The SSE events for what a poll found: log lines, points, then state changes."""
+    lines = [LogLine.of(event) for event in tail.lines]
     chunks = [
         format_sse_event(data_str=line.model_dump_json(), event="log", id=str(line.id))
-        for line in tail.lines
+        for line in lines
     ]
     if tail.points:
         chunks.append(format_sse_event(data_str=_series(tail.points), event="metrics"))
-    state = tail.state
     if state is None:
         return chunks
     fields = ("status", "attempt", "cancel_requested", "error")

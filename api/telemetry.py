@@ -1,5 +1,6 @@
 """Prometheus metrics: requests and latencies per route template, jobs by status, queue
-depth, and per served model its requests, latencies, batch sizes, images and errors.
+depth, and per served model its requests, latencies, batch sizes, images and errors
+(`serving.metrics`).
 
 Each app has its own registry, so several apps (tests) can live in one process.
 """
@@ -23,6 +24,7 @@ from core import queue
 from core.db.session import session_scope
 from core.db.tables import JOB_STATUSES, Job
 from core.settings import Settings
+from serving.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -47,91 +49,6 @@ class Telemetry:
         )
         self.registry.register(_ServiceCollector(settings))
         self.models = ModelMetrics(self.registry)
-
-
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-UNRESOLVED = "(unresolved)"  # the model label of a request whose reference did not resolve
-
-
-class ModelMetrics:
-    """Per served model, labelled by the resolved target (`name/version` or a job id, so
-    bounded by what is registered, never the reference as sent): prediction requests and
-    their errors by status, latencies, the images served and the batch sizes formed.
-
-    Every prediction route (`/api/v1/predict`, the Open Inference Protocol's infer) feeds
-    them through `api.serving`; the batch sizes come from the model processes' answers.
-    """
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        def histogram(name: str, what: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, what, ["model"], buckets=buckets, registry=registry)
-
-        self.request = histogram(
-            "resnet_model_request_duration_seconds",
-            "Prediction request latency per model, from admission to the answer's status.",
-            LATENCY_BUCKETS,
-        )
-        self.queue = histogram(
-            "resnet_model_queue_duration_seconds",
-            "Seconds a request's images waited for their forward pass, per model.",
-            LATENCY_BUCKETS,
-        )
-        self.inference = histogram(
-            "resnet_model_inference_duration_seconds",
-            "Seconds of the forward pass that served a request (its whole batch), per model.",
-            LATENCY_BUCKETS,
-        )
-        self.batch_size = histogram(
-            "resnet_model_batch_size",
-            "Images per forward pass, per model (tagged by the pass's first request).",
-            BATCH_BUCKETS,
-        )
-        self.images = Counter(
-            "resnet_model_images", "Images classified, per model.", ["model"], registry=registry
-        )
-        self.errors = Counter(
-            "resnet_model_errors",
-            "Prediction requests answered with an error, per model and status.",
-            ["model", "status"],
-            registry=registry,
-        )
-        # Children by label: `labels()` hashes and locks each time, the hot path once.
-        self._children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
-
-    def _of(self, model: str) -> tuple[Any, Any, Any, Any, Any]:
-        children = self._children.get(model)
-        if children is None:
-            children = (
-                self.request.labels(model),
-                self.queue.labels(model),
-                self.inference.labels(model),
-                self.batch_size.labels(model),
-                self.images.labels(model),
-            )
-            self._children[model] = children
-        return children
-
-    def served(self, model: str, images: int, queue_s: float, forward_s: float) -> None:
-        """A request's images were classified after `queue_s` waiting and `forward_s`."""
-        _, queue, inference, _, counted = self._of(model)
-        queue.observe(queue_s)
-        inference.observe(forward_s)
-        counted.inc(images)
-
-    def batch(self, model: str, size: int) -> None:
-        """A forward pass of `size` images ran (its first request for `model`)."""
-        self._of(model)[3].observe(size)
-
-    def answered(self, model: str, status: int, seconds: float) -> None:
-        """An admitted request was answered with `status` after `seconds`."""
-        self._of(model)[0].observe(seconds)
-        if status >= 400:
-            self.errors.labels(model, str(status)).inc()
-
-    def refused(self, status: int) -> None:
-        """A request whose reference did not resolve (or is not the caller's to read)."""
-        self.errors.labels(UNRESOLVED, str(status)).inc()
 
 
 class _ServiceCollector(Collector):
@@ -163,7 +80,7 @@ class _ServiceCollector(Collector):
             return
         yield GaugeMetricFamily(
             "resnet_queue_depth",
-            "Job ids waiting on the job queues (train, gpu, gpu-N).",
+            "Job ids waiting on the job queues (cpu, gpu, gpu-N).",
             value=depth,
         )
 

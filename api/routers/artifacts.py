@@ -18,7 +18,7 @@ from api.deps import ReadCaller, SessionDep, SettingsDep
 from api.downloads import file_responses, opened, streamed
 from api.errors import responses
 from api.schemas import ArtifactOut
-from core import artifacts, jobs
+from core import jobs, layout
 from core.db.tables import Job
 from core.errors import NotFoundError
 
@@ -48,7 +48,7 @@ def download_artifact(
     longer do)."""
     job = jobs.get(session=session, job_id=job_id, caller=caller)
     entry = _entry(job, name)
-    key = artifacts.job_file_key(job_id, entry.name)
+    key = layout.job_file_key(job_id, entry.name)
     handle = opened(settings, key, entry.sha256, f"{entry.name} of job {job_id}")
     return streamed(handle, sha256=entry.sha256, filename=entry.name)
 

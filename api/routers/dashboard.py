@@ -5,12 +5,15 @@ Everything the browser loads comes from this process, so the dashboard works off
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
 import plotly.offline
 from fastapi import APIRouter, Response
 from fastapi.responses import FileResponse, HTMLResponse
+
+from client.wire import ACTIVE_STATUSES, JOB_STATUSES
 
 router = APIRouter(tags=["dashboard"])
 DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard"
@@ -19,12 +22,15 @@ STATIC = DASHBOARD / "static"
 # plotly.js changes only with the installed package, so it is cached for a year.
 REVALIDATE = "no-cache"
 YEAR = "public, max-age=31536000, immutable"
+# The words of the wire that the scripts need (ui.js reads them from the page): declared
+# once, in client.wire, for the API, its Python client and the dashboard.
+WORDS = json.dumps({"statuses": JOB_STATUSES, "active": ACTIVE_STATUSES})
 
 
 @router.get("/", include_in_schema=False)
 def index() -> HTMLResponse:
-    """The single page of the dashboard."""
-    html = (DASHBOARD / "index.html").read_text()
+    """The single page of the dashboard, with the service's words its scripts read."""
+    html = (DASHBOARD / "index.html").read_text().replace("{{words}}", WORDS)
     return HTMLResponse(html, headers={"Cache-Control": REVALIDATE})
 
 

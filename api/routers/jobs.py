@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Query, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import GetCoreSchemaHandler, ValidationError
+from pydantic_core import CoreSchema, core_schema
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from api import idempotency, jobs_csv, queries
+from api import idempotency, jobs_csv
 from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
 from api.schemas import (
@@ -27,18 +27,16 @@ from api.schemas import (
     JobOut,
     JobPage,
     JobQuery,
-    JobSearch,
     KindOut,
     MetricsOut,
     RetryOut,
     Series,
 )
 from api.stream import job_events
-from core import artifacts, jobs, kinds, usage
+from core import artifacts, job_queries, jobs, kinds, usage
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Job
-from core.errors import InvalidError, NotOwnedError
-from core.kinds import KINDS, JobSpec
+from core.kinds import KINDS, JobSpec, KindSpec
 from core.owners import Caller
 from core.queue import enqueue_committed
 from core.settings import Settings
@@ -47,31 +45,44 @@ from core.studies import service as studies
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
+class Documented:
+    """A body documented as `shape` but handed over as the JSON sent, for a dependency to
+    validate where it should."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+    def __get_pydantic_core_schema__(
+        self, _source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            lambda value: value, json_schema_input_schema=handler.generate_schema(self.shape)
+        )
+
+
 # A train spec's validation counts its net's costs for the admission budgets (seconds for
-# a net not counted yet, waiting while the zoo counts another), and the framework
-# validates a body on the event loop. This dependency, solved before the body, validates
-# it in a worker thread first: the loop's validation then finds the counts cached.
-_JOB_SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
-
-
-async def _counted_off_the_loop(request: Request) -> None:
+# a net not counted yet, waiting while the zoo counts another). This dependency is a plain
+# function, so the framework runs it in a worker thread: the spec is validated once, with
+# the service's budgets, and the event loop never waits for it.
+def _submitted(
+    body: Annotated[Any, Documented(JobSpec), Body(title="Spec")], settings: SettingsDep
+) -> KindSpec:
+    """The body as a job spec within the service's budgets, or the 422 the framework
+    answers for a body it validates."""
     try:
-        body = await request.json()
-    except ValueError:
-        return  # the framework answers it
-    await run_in_threadpool(_count, body)
-
-
-def _count(body: Any) -> None:
-    with contextlib.suppress(ValidationError):
-        _JOB_SPEC.validate_python(body)
+        return kinds.parse(body, settings)
+    except ValidationError as error:
+        problems = [
+            {**problem, "loc": ("body", *problem["loc"])}
+            for problem in error.errors(include_url=False)
+        ]
+        raise RequestValidationError(problems, body=body) from None
 
 
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     summary="Submit a job (train, evaluate, ...: see /jobs/kinds)",
-    dependencies=[Depends(_counted_off_the_loop)],
     responses={
         200: {
             "model": JobOut,
@@ -81,15 +92,15 @@ def _count(body: Any) -> None:
     },
 )
 def submit(
-    spec: Annotated[JobSpec, Body()],
     session: SessionDep,
     settings: SettingsDep,
     caller: TrainCaller,
+    spec: Annotated[KindSpec, Depends(_submitted)],  # after the caller: a 401/403 comes first
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobOut:
     """Validate, commit the queued job (owned by the caller's key), then put its id on the
-    train queue (202)."""
+    queue of what it needs (202)."""
     owner = caller.owner
     _check_source(session, settings, spec, caller)
     found = idempotency.earlier(session, Job, idempotency_key, owner)
@@ -97,6 +108,7 @@ def submit(
         usage.check_room(session=session, settings=settings, spec=spec, owner=owner)
         job = jobs.create(
             session=session,
+            settings=settings,
             spec=spec,
             max_attempts=settings.max_attempts,
             owner_key_id=owner,
@@ -120,7 +132,7 @@ def _as_sent(spec: dict[str, Any]) -> dict[str, Any]:
     return sent
 
 
-def _check_source(session: Session, settings: Settings, spec: JobSpec, caller: Caller) -> None:
+def _check_source(session: Session, settings: Settings, spec: KindSpec, caller: Caller) -> None:
     """What the job reads (the dataset's uploads, a model, a source job) must be readable by
     the caller; else a 422, as for what does not exist."""
     kinds.check_access(session, settings, spec, caller)
@@ -131,12 +143,8 @@ def list_jobs(
     params: Annotated[JobQuery, Query()], session: SessionDep, caller: ReadCaller
 ) -> JobPage:
     """A page of jobs (with READS_OWNER_ONLY, the caller's own); follow `next_cursor`."""
-    rows, next_cursor = queries.list_jobs(
-        session=session,
-        filters=_filters(params, caller),
-        sort=params.sort,
-        limit=params.limit,
-        cursor=params.cursor,
+    rows, next_cursor = job_queries.list_jobs(
+        session=session, filters=params, caller=caller, limit=params.limit, cursor=params.cursor
     )
     return JobPage(items=[JobItem.of(row) for row in rows], next_cursor=next_cursor)
 
@@ -153,43 +161,9 @@ def export_jobs(
     """Every job the filters pass, in `sort` order, one row each, streamed: id, name, kind,
     status, model, dataset, tags (`;`-joined), note, times, the summary columns, then the
     `columns` asked for."""
-    body = jobs_csv.stream(
-        settings.database_url, _filters(params, caller), params.sort, params.fields()
-    )
+    body = jobs_csv.stream(settings.database_url, params, caller, params.fields())
     disposition = {"Content-Disposition": 'attachment; filename="jobs.csv"'}
     return StreamingResponse(body, media_type="text/csv", headers=disposition)
-
-
-def _filters(params: JobSearch, caller: Caller) -> queries.JobFilter:
-    """The list's filters as asked, kept to what the caller may read."""
-    return queries.JobFilter(
-        statuses=params.status,
-        kind=params.kind,
-        model=params.model,
-        family=params.family,
-        dataset=params.dataset,
-        tags=params.tag,
-        q=params.q,
-        study=params.study,
-        owner=_owner(params.owner, caller),
-        where=params.conditions(),
-    )
-
-
-def _owner(asked: uuid.UUID | str | None, caller: Caller) -> uuid.UUID | None:
-    """The owner the list keeps to: the one asked for (`me`: the caller), else any the
-    caller may read; 403 for another's when reads keep to their owner."""
-    if asked == "me":
-        if caller.owner is None:
-            raise InvalidError("owner=me needs an API key; auth is off", field=("query", "owner"))
-        asked = caller.owner
-    reads_of = caller.reads_of
-    if reads_of is not None and asked is not None and asked != reads_of:
-        raise NotOwnedError(
-            "this API key reads only its own jobs (READS_OWNER_ONLY); ask for owner=me or "
-            "leave owner out"
-        )
-    return reads_of if asked is None else uuid.UUID(str(asked))
 
 
 @router.get("/kinds", summary="The job kinds", responses=responses(401, 403))
@@ -229,7 +203,7 @@ def cancel_job(
 
     Only the key that submitted it, or an admin key, may cancel it (403)."""
     job = jobs.request_cancel(session=session, job_id=job_id, caller=caller)
-    released = studies.release_after(session=session, job_id=job_id)
+    released = studies.release_after(session=session, settings=settings, job_id=job_id)
     session.commit()
     enqueue_committed(released, settings=settings)  # a cancelled study job makes room
     return JobOut.of(job)
@@ -238,7 +212,7 @@ def cancel_job(
 @router.post(
     "/{job_id}/retry",
     status_code=status.HTTP_202_ACCEPTED,
-    summary="Retry a failed or cancelled job",
+    summary="Retry a failed, cancelled or pruned job",
     responses=responses(401, 403, 404, 409, 422),
 )
 def retry_job(
@@ -248,10 +222,11 @@ def retry_job(
     axis (its metrics continue), or starts over when it has none, as the answer says. A
     study's job takes its turn within the study's `max_parallel`.
 
-    409 unless it failed or was cancelled; only its owner or an admin key may (403)."""
+    409 unless it failed, was cancelled or was pruned; only its owner or an admin key may
+    (403)."""
     retried = jobs.retry(session=session, settings=settings, job_id=job_id, caller=caller)
     message = retried.message
-    goes = studies.takes_turn(session=session, job=retried.job)
+    goes = studies.takes_turn(session=session, settings=settings, job=retried.job)
     session.commit()
     if goes:
         enqueue_committed([job_id], settings=settings)
@@ -311,7 +286,7 @@ def _curves(
 ) -> bytes:
     """The JSON of a job's downsampled curves at `version` (its updated_at)."""
     with session_scope(url) as session:
-        found = queries.metric_series(
+        found = job_queries.metric_series(
             session=session, job_id=job_id, names=names, max_points=max_points
         )
     series = {name: Series(steps=steps, values=values) for name, (steps, values) in found.items()}

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from api.deps import ReadCaller, RefsDep, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
-from api.model_cache import RefCache
 from api.schemas import (
     AliasIn,
     AliasOut,
@@ -22,8 +21,9 @@ from api.schemas import (
     RegistryQuery,
     VersionOut,
 )
-from core import exports, model_registry
+from core import exports, kinds, listing, model_registry
 from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+from serving.cache import RefCache
 
 router = APIRouter(prefix="/registry", tags=["registry"])
 
@@ -35,18 +35,22 @@ def list_models(
     """A page of models in name order, each with its versions (job, dataset, test error,
     params, sha256) and aliases; `q` keeps the names that contain it. With
     READS_OWNER_ONLY, the caller's own models."""
-    query = select(RegisteredModel).order_by(RegisteredModel.name).limit(params.limit + 1)
-    if caller.reads_of is not None:
-        query = query.where(RegisteredModel.owner_key_id == caller.reads_of)
-    if params.cursor is not None:  # the last name of the previous page
-        query = query.where(RegisteredModel.name > params.cursor)
+    query = select(RegisteredModel)
     if params.q:
         query = query.where(RegisteredModel.name.icontains(params.q, autoescape=True))
-    rows = list(session.scalars(query))
-    page, more = rows[: params.limit], len(rows) > params.limit
-    return RegisteredModelPage(
-        items=_described(session, page), next_cursor=page[-1].name if more else None
+    page, next_cursor = listing.page(
+        session=session,
+        query=query,
+        order=BY_NAME,
+        caller=caller,
+        owner=RegisteredModel.owner_key_id,
+        limit=params.limit,
+        cursor=params.cursor,
     )
+    return RegisteredModelPage(items=_described(session, page), next_cursor=next_cursor)
+
+
+BY_NAME = listing.Order("name", (listing.Key("name", RegisteredModel.name, "text"),), noun="model")
 
 
 @router.get("/{name}", summary="A registered model", responses=responses(401, 403, 404, 422))
@@ -209,6 +213,6 @@ def _version_out(version: ModelVersion, job: Job) -> VersionOut:
             "owner": version.owner_key_id,
             "created_at": version.created_at,
             "fine_tuned_from": model_registry.fine_tuned_from(job),
-            "imported": job.summary if job.kind == "import" else None,
+            "imported": None if kinds.get(job.kind).queued else job.summary,
         }
     )

@@ -2,42 +2,42 @@
 
 Two bodies: a multipart form of one or more files, or one image as the raw body
 (`Content-Type: image/png`, `image/jpeg`, `image/webp` or `image/bmp`). Either way the
-route is a thin adapter of `api.serving`, the hot path every prediction route shares: the
-reference is resolved and the request admitted into its model's queue before its body is
-read (503 with Retry-After when no place is free), its files' sizes and headers are
-checked before the model is loaded on a cache miss (a request of bad files starts no
-model), then decoded (on the event loop when they are small, in a worker thread
-otherwise) and sent to the model's micro-batcher as one submission, which the event loop
-awaits without running the model.
+route parses its query, makes one call of the data plane (`serving.dataplane`,
+`DataPlane.predict`) and renders its answer: the reference is resolved and the request
+admitted into its model's queue before its body is read (503 with Retry-After when no
+place is free), its files' sizes and headers are checked before the model is loaded on a
+cache miss (a request of bad files starts no model), then decoded and sent to the
+model's micro-batcher as one submission, which the event loop awaits without running
+the model.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from pydantic_core import to_json
 from starlette.datastructures import FormData, UploadFile
 
-from api import serving
-from api.cache import query_of
+from api import errors
 from api.deps import ReadKey
 from api.errors import TooLargeError, responses
-from api.model_cache import ModelCache
-from api.model_process import Probabilities
+from api.hot_routes import caller_of, hot, plane_of, query_of
 from api.schemas import (
     API_PREFIX,
     BatcherStats,
     PredictOut,
     PredictStats,
 )
-from api.serving import Call, Checked, Upload
 from core import model_registry
 from core.errors import InvalidError
 from core.settings import Settings
-from training.data import DatasetInfo
+from serving.cache import ModelCache
+from serving.dataplane import Prediction
+from serving.files import FILE_ERRORS, Upload
 from training.preprocess import Preprocessing
 
 router = APIRouter(prefix="/predict", tags=["predict"])
@@ -103,6 +103,7 @@ _OPENAPI = {
     responses=responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
     openapi_extra=_OPENAPI,
 )
+@hot
 async def predict(request: Request) -> Response:
     """The top-k classes of each file, preprocessed as the checkpoint's training was.
 
@@ -121,20 +122,21 @@ async def predict(request: Request) -> Response:
     # The hot path of the service: it runs on the event loop without a thread hop when the
     # model is running, its reference known and its images small, and it reads its query
     # and body and builds its JSON without FastAPI's dependencies, parsing and validation.
-    settings: Settings = request.app.state.settings
-    principal = serving.principal_of(request, settings, "predict")
+    caller = caller_of(request, "predict")
     model, top_k = _query(request)
-    call = await serving.admit(request, model, principal)
-    status = 500
-    try:
-        answer = await _classify(request, call, top_k)
-        status = 200
-    except Exception as error:
-        status = serving.status_of(error)
-        raise
-    finally:
-        call.release(status)
-    answer["timing"]["total_ms"] = (time.perf_counter() - call.started) * 1000
+    plane = plane_of(request)
+    prediction = await plane.predict(
+        model, caller, lambda: _files_of(request, plane.settings), status_of=errors.status_of
+    )
+    answer = {
+        "model": _served_model(prediction.target),
+        "preprocessing": _preprocessing(prediction.preprocessing),
+        "results": _results(prediction, top_k),
+        "timing": {
+            "queue_forward_ms": prediction.queue_forward_s * 1000,
+            "total_ms": (time.perf_counter() - prediction.started) * 1000,
+        },
+    }
     return Response(to_json(answer), media_type="application/json")
 
 
@@ -160,24 +162,18 @@ def _query(request: Request) -> tuple[str, int]:
     return model, top_k
 
 
-async def _classify(request: Request, call: Call, top_k: int) -> dict[str, Any]:
-    """Read the body's files, classify them, and the answer (a PredictOut, less total_ms)."""
+@asynccontextmanager
+async def _files_of(request: Request, settings: Settings) -> AsyncIterator[list[Upload]]:
+    """The body's files: a raw image, a small plain form split in one pass, or the files
+    of a form the general parser reads (open until the prediction is answered)."""
     kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if kind in RAW_TYPES:
-        files = [await _raw(request, call.settings)]
-        served, checked, probabilities = await serving.classify_files(call, files)
-    elif (quick := await _quick_files(request, call.settings)) is not None:
-        served, checked, probabilities = await serving.classify_files(call, quick)
+        yield [await _raw(request, settings)]
+    elif (quick := await _quick_files(request, settings)) is not None:
+        yield quick
     else:
         async with request.form() as form:  # a malformed body is a 400, a too large one a 413
-            files = _files(form, call.settings)
-            served, checked, probabilities = await serving.classify_files(call, files)
-    return {
-        "model": _served_model(call.target),
-        "preprocessing": _preprocessing(served.preprocessing),
-        "results": _results(checked, probabilities, served.info, top_k),
-        "timing": {"queue_forward_ms": call.queue_forward_s * 1000},
-    }
+            yield _files(form, settings)
 
 
 @router.get("/stats", summary="Loaded models and their batching", responses=responses(401, 403))
@@ -311,20 +307,18 @@ def _file_name(head: bytes) -> str | None:
         return None
 
 
-def _results(
-    images: list[Checked], probabilities: Probabilities, info: DatasetInfo, top_k: int
-) -> list[dict[str, object]]:
+def _results(prediction: Prediction, top_k: int) -> list[dict[str, object]]:
     """Per file in request order: its top-k classes, or its error (an ImagePrediction)."""
-    classes = info.classes
+    probabilities, classes = prediction.probabilities, prediction.info.classes
     k = min(top_k, len(classes))
     # Highest first, a tie in index order; numpy costs no dispatch here (torch's topk did).
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     pairs = zip(probabilities, order, strict=True)
     rows = ((row[top].tolist(), top.tolist()) for row, top in pairs)
     results: list[dict[str, object]] = []
-    for image in images:
+    for image in prediction.files:
         if image.error is not None:
-            status = serving.FILE_ERRORS[type(image.error)].status
+            status = errors.status_for(FILE_ERRORS[type(image.error)])
             error = {"status": status, "message": str(image.error)}
             results.append({"file": image.name, "resize": None, "top_k": [], "error": error})
             continue

@@ -3,6 +3,7 @@ results per cell beside the papers' numbers, as JSON, CSV, Markdown and curves."
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -16,21 +17,27 @@ from api.errors import responses
 from api.schemas import (
     CellCurve,
     CellResult,
+    ClaimResult,
     JobItem,
+    StudyComparisonsOut,
     StudyCounts,
     StudyCurvesOut,
+    StudyExtendIn,
     StudyIn,
     StudyItem,
     StudyOut,
+    StudyPlanOut,
     StudyPresetOut,
     StudyPreview,
+    StudyTrialsOut,
 )
-from core import artifacts
+from client.wire import FINAL_STATUSES
+from core import artifacts, listing
 from core.db.tables import Job, Study
 from core.kinds import train
 from core.queue import enqueue_committed
 from core.settings import Settings
-from core.studies import grid, presets, results, service
+from core.studies import grid, presets, results, search, service, trials
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -82,6 +89,7 @@ def submit(
     if found is None:
         study = service.create(
             session=session,
+            settings=settings,
             request=_request(body),
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
@@ -92,7 +100,7 @@ def submit(
         # Its jobs read only what the caller may (the uploads their dataset reaches).
         train.check_stored(session, settings, _job_specs(session, study.id), caller)
         study.spec = {**study.spec, "request": body.model_dump(mode="json")}
-        released = service.release(session=session, study_id=study.id)
+        released = service.release(session=session, settings=settings, study_id=study.id)
         found = idempotency.commit_or_earlier(session, Study, idempotency_key, owner)
         if found is None:
             enqueue_committed(released, settings=settings)
@@ -108,11 +116,23 @@ def _job_specs(session: Session, study_id: uuid.UUID) -> list[dict[str, Any]]:
 
 
 def _preview(request: service.Request, settings: Settings) -> StudyPreview:
-    """What a request would make: its cells (with the papers' numbers) and its jobs."""
+    """What a request would make: its cells (with the papers' numbers) and its jobs; a
+    search's space is checked, and its jobs are its trials (its cells are sampled later)."""
+    if request.search is not None:
+        service.check(request=request, settings=settings, max_jobs=settings.max_study_jobs)
+        return StudyPreview(
+            name=request.name,
+            base=request.base,
+            grid=request.grid,
+            seeds=request.seeds,
+            cells=[],
+            jobs=request.search.trials,
+        )
     expanded = grid.expand(
         request.base,
         request.grid,
         request.seeds,
+        settings=settings,
         name=request.name,
         tags=list(request.tags),
         max_jobs=settings.max_study_jobs,
@@ -145,6 +165,17 @@ def _request(body: StudyIn) -> service.Request:
             tags=tuple(body.tags),
         )
     assert body.base is not None
+    found = None
+    if body.search != "grid":
+        assert body.trials is not None  # StudyIn checks it
+        found = search.Search(
+            method=body.search,
+            space=body.space,
+            trials=body.trials,
+            pruner=body.pruner,
+            objective=body.objective,
+            seed=body.search_seed,
+        )
     return service.Request(
         base=body.base,
         grid=body.grid,
@@ -152,20 +183,45 @@ def _request(body: StudyIn) -> service.Request:
         name=body.name,
         tags=tuple(body.tags),
         max_parallel=body.max_parallel,
+        search=found,
     )
 
 
-@router.get("", summary="List studies, newest first", responses=responses(401, 403, 422))
+NEWEST = listing.newest(Study.created_at, Study.id, noun="study")
+NEXT_CURSOR = "Next-Cursor"
+NEXT_PAGE = "The cursor of the next page (pass it as `cursor`); absent on the last page."
+
+
+@router.get(
+    "",
+    summary="List studies, newest first",
+    responses={
+        200: {"headers": {NEXT_CURSOR: {"description": NEXT_PAGE, "schema": {"type": "string"}}}},
+        **responses(401, 403, 422),
+    },
+)
 def list_studies(
     session: SessionDep,
     caller: ReadCaller,
+    response: Response,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=1000, description=f"The {NEXT_CURSOR} of a page.")
+    ] = None,
 ) -> list[StudyItem]:
-    """The newest studies (with READS_OWNER_ONLY, the caller's own), their state and counts."""
-    query = select(Study).order_by(Study.created_at.desc()).limit(limit)
-    if caller.reads_of is not None:
-        query = query.where(Study.owner_key_id == caller.reads_of)
-    rows = session.scalars(query)
+    """The newest studies (with READS_OWNER_ONLY, the caller's own), their state and counts;
+    when there are more, the next page's cursor is the answer's Next-Cursor header."""
+    rows, next_cursor = listing.page(
+        session=session,
+        query=select(Study),
+        order=NEWEST,
+        caller=caller,
+        owner=Study.owner_key_id,
+        limit=limit,
+        cursor=cursor,
+    )
+    if next_cursor is not None:
+        response.headers[NEXT_CURSOR] = next_cursor
     return [_study_item(session, study) for study in rows]
 
 
@@ -247,6 +303,39 @@ def cancel_study(study_id: uuid.UUID, session: SessionDep, caller: TrainCaller) 
     return _study_out(session, study)
 
 
+@router.post(
+    "/{study_id}/extend",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Add seeds or trials to a study",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def extend_study(
+    study_id: uuid.UUID,
+    body: StudyExtendIn,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: TrainCaller,
+) -> StudyOut:
+    """Seeds for every cell or chosen cells (a grid), or trials (a search), in one request;
+    the new jobs start within the study's `max_parallel` and join its results.
+
+    Only the key that submitted it, or an admin key, may extend it (403); a cancelled study
+    is a 409."""
+    study = service.extend(
+        session=session,
+        settings=settings,
+        study_id=study_id,
+        add_seeds=body.seeds_by_cell(),
+        add_trials=body.add_trials,
+        caller=caller,
+    )
+    train.check_stored(session, settings, _job_specs(session, study.id), caller)
+    released = service.release(session=session, settings=settings, study_id=study.id)
+    session.commit()
+    enqueue_committed(released, settings=settings)
+    return _study_out(session, study)
+
+
 @router.delete(
     "/{study_id}",
     status_code=status.HTTP_204_NO_CONTENT,
@@ -269,7 +358,7 @@ def delete_study(
 
 def _study_item(session: Session, study: Study) -> StudyItem:
     by_status = service.counts(session=session, study_id=study.id)
-    done = by_status["succeeded"] + by_status["failed"] + by_status["cancelled"]
+    done = sum(by_status[ended] for ended in FINAL_STATUSES)
     return StudyItem(
         id=study.id,
         name=study.name,
@@ -289,14 +378,119 @@ def _study_out(session: Session, study: Study) -> StudyOut:
     jobs = session.scalars(
         select(Job).where(Job.study_id == study.id).order_by(Job.cell, Job.created_at)
     )
+    cells = results.cells(session=session, study=study)
     return StudyOut(
         **_study_item(session, study).model_dump(),
         spec=study.spec,
         metric=study.metric,
         source=preset.source if preset else None,
         note=preset.note if preset else None,
-        cells=[
-            CellResult.model_validate(cell) for cell in results.cells(session=session, study=study)
-        ],
+        cells=[CellResult.model_validate(cell) for cell in cells],
         jobs=[JobItem.of(job) for job in jobs],
+        claims=[ClaimResult.model_validate(claim) for claim in results.claims(study, cells)],
     )
+
+
+# What the seeds say with confidence: compare cells, plan the seeds an open claim needs.
+
+
+@router.get(
+    "/{study_id}/compare",
+    summary="Compare cells on a metric: p-values, effect sizes",
+    responses=responses(401, 403, 404, 422),
+)
+def compare_cells(
+    study_id: uuid.UUID,
+    session: SessionDep,
+    caller: ReadCaller,
+    metric: Annotated[str, Query(max_length=100)] = "final_test_error",
+    test: Literal["welch", "mannwhitney"] = "welch",
+    reference: Annotated[int | None, Query(description="Every cell against this one.")] = None,
+    a: Annotated[int | None, Query(description="With b: these two cells.")] = None,
+    b: Annotated[int | None, Query(description="With a: these two cells.")] = None,
+    level: Annotated[float, Query(gt=0, lt=1)] = results.LEVEL,
+) -> StudyComparisonsOut:
+    """Cells a and b, or every cell against `reference`, or every pair (up to 20 cells):
+    two-sided p Holm-adjusted across the comparisons, the effect size, the lower cell."""
+    study = service.get(session=session, study_id=study_id, caller=caller)
+    found = results.comparisons(
+        study,
+        results.cells(session=session, study=study),
+        metric=metric,
+        test=test,
+        reference=reference,
+        a=a,
+        b=b,
+        level=level,
+    )
+    return StudyComparisonsOut.model_validate(found)
+
+
+@router.get(
+    "/{study_id}/plan",
+    summary="The seeds per cell that would settle the open claims",
+    responses=responses(401, 403, 404, 422),
+)
+def plan_seeds(
+    study_id: uuid.UUID,
+    session: SessionDep,
+    caller: ReadCaller,
+    level: Annotated[float, Query(gt=0, lt=1)] = results.LEVEL,
+    power: Annotated[float, Query(gt=0, lt=1)] = results.POWER,
+) -> StudyPlanOut:
+    """Per claim its verdict at `level` and, where inconclusive, the seeds per cell a
+    one-sided Welch t-test needs for `power`; `extend` is the body that adds them."""
+    study = service.get(session=session, study_id=study_id, caller=caller)
+    found = results.plan(
+        study, results.cells(session=session, study=study), level=level, power=power
+    )
+    return StudyPlanOut.model_validate(found)
+
+
+# A search study's trials: each trial's parameters, objective and cost, and what they show.
+
+
+@router.get(
+    "/{study_id}/trials",
+    summary="A search's trials, best trial, importances and compute",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def read_trials(study_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> StudyTrialsOut:
+    """Per trial: its job, status, parameters, objective (last and best point), steps and
+    job-seconds; the best completed trial with its job's spec, the best value so far over
+    trial number, fANOVA importances, parallel coordinates, and job-seconds by status.
+
+    A grid study has no trials (409): its results are per cell, in GET /studies/{id}."""
+    study = service.get(session=session, study_id=study_id, caller=caller)
+    search = trials.search_of(study)
+    found = trials.rows(session, study)
+    minimize = trials.minimizes(search)
+    top = trials.best(found, minimize=minimize)
+    return StudyTrialsOut.model_validate(
+        {
+            "method": search.get("method", "random"),
+            "objective": search["objective"],
+            "direction": "minimize" if minimize else "maximize",
+            "trials": [dataclasses.asdict(row) for row in found],
+            "best": None if top is None else dataclasses.asdict(top),
+            "best_so_far": trials.best_so_far(found, minimize=minimize),
+            "importances": trials.importances(study, found),
+            "parallel": trials.parallel(study, found),
+            "job_seconds": trials.seconds_by_status(found),
+        }
+    )
+
+
+@router.get(
+    "/{study_id}/trials.csv",
+    summary="A search's trials as CSV",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}, **responses(401, 403, 404, 409, 422)},
+)
+def trials_csv(study_id: uuid.UUID, session: SessionDep, caller: ReadCaller) -> Response:
+    """One row per trial: number, job, status, each parameter, the objective's last and best
+    value, steps, job-seconds, the step it was pruned at."""
+    study = service.get(session=session, study_id=study_id, caller=caller)
+    body = trials.as_csv(study, trials.rows(session, study))
+    headers = {"Content-Disposition": f'attachment; filename="study-{study.id}-trials.csv"'}
+    return Response(body, media_type="text/csv", headers=headers)

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 
 
 @pytest.fixture(scope="module")

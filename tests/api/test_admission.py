@@ -9,6 +9,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ import redis
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from api.app import create_app
+from core import kinds
 from core.errors import InvalidError
 from core.kinds import TrainJobSpec
 from core.kinds.train import budget
-from core.settings import Settings, get_settings
-from tests.api.helpers import TRAIN, queued_ids, trained_job
+from core.settings import Settings
+from tests.helpers import TRAIN, make_key, queued_ids, trained_job
 from training.datasets import load_dataset
 
 JOBS = "/api/v1/jobs"
@@ -39,13 +42,14 @@ def _refused(response: Any, *, loc: list[Any] | None = None) -> str:
     return message
 
 
-@pytest.fixture
-def budgets(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Budgets set through the environment, as a deployment sets them."""
-    get_settings.cache_clear()
-    yield monkeypatch
-    monkeypatch.undo()
-    get_settings.cache_clear()
+@contextmanager
+def lowered(settings: Settings, **budgets: Any) -> Iterator[TestClient]:
+    """A client (read + train key) of the API made with `budgets` in its settings, as a
+    deployment sets them."""
+    key = make_key(settings.database_url, "read", "train")
+    app = create_app(settings.model_copy(update=budgets))
+    with TestClient(app, headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client
 
 
 @pytest.mark.parametrize(
@@ -146,28 +150,24 @@ def test_compute_over_its_budget_names_it_and_the_estimate(client: TestClient) -
     assert f"{2_829_238_912 * 1024 * 10_000_000:.3g} MACs" in message
 
 
-def test_parameters_over_a_lowered_budget_are_refused(
-    client: TestClient, budgets: pytest.MonkeyPatch
-) -> None:
-    budgets.setenv("MAX_MODEL_PARAMS", "1000000")
-    message = _refused(client.post(JOBS, json={**TRAIN, "model": {"name": "resnet110"}}))
-    # 1,727,962 parameters on RGB images; digits are gray, so the first conv is smaller.
-    assert "resnet110 has 1,727,674 parameters, over MAX_MODEL_PARAMS = 1,000,000" in message
-    assert client.post(JOBS, json=TRAIN).status_code == 202
+def test_parameters_over_a_lowered_budget_are_refused(settings: Settings) -> None:
+    with lowered(settings, max_model_params=1_000_000) as client:
+        message = _refused(client.post(JOBS, json={**TRAIN, "model": {"name": "resnet110"}}))
+        # 1,727,962 parameters on RGB images; digits are gray, so the first conv is smaller.
+        assert "resnet110 has 1,727,674 parameters, over MAX_MODEL_PARAMS = 1,000,000" in message
+        assert client.post(JOBS, json=TRAIN).status_code == 202
 
 
-def test_an_evaluation_over_the_memory_budget_is_refused(
-    client: TestClient, settings: Settings, budgets: pytest.MonkeyPatch
-) -> None:
-    budgets.setenv("MAX_TRAIN_MEMORY_BYTES", str(2 * 1024**3))
+def test_an_evaluation_over_the_memory_budget_is_refused(settings: Settings) -> None:
     source = str(trained_job(settings))  # resnet8, trained on digits
     large = {"name": "synthetic", "image_size": 256, "split": "test"}
     evaluate = {"kind": "evaluate", "source_job": source, "dataset": large}
-    message = _refused(client.post(JOBS, json=evaluate), loc=["body", "dataset"])
-    assert "evaluating resnet8 on 256x256x3 images at batch 512 needs an estimated" in message
-    assert "over MAX_TRAIN_MEMORY_BYTES = 2 GiB" in message
-    small = {**evaluate, "dataset": {**large, "image_size": 8}}
-    assert client.post(JOBS, json=small).status_code == 202
+    with lowered(settings, max_train_memory_bytes=2 * 1024**3) as client:
+        message = _refused(client.post(JOBS, json=evaluate), loc=["body", "dataset"])
+        assert "evaluating resnet8 on 256x256x3 images at batch 512 needs an estimated" in message
+        assert "over MAX_TRAIN_MEMORY_BYTES = 2 GiB" in message
+        small = {**evaluate, "dataset": {**large, "image_size": 8}}
+        assert client.post(JOBS, json=small).status_code == 202
 
 
 PAPERS_LARGEST = {
@@ -193,7 +193,7 @@ def test_the_papers_largest_runs_are_within_the_default_budgets(
     model: dict[str, Any], dataset: dict[str, Any], recipe: dict[str, Any]
 ) -> None:
     spec = {"kind": "train", "model": model, "dataset": dataset, "recipe": recipe}
-    assert TrainJobSpec.model_validate(spec).model.name == model["name"]
+    assert kinds.get("train").parse(spec, Settings()).model.name == model["name"]
 
 
 def test_every_preset_at_the_papers_scale_is_admitted(client: TestClient) -> None:
@@ -236,13 +236,10 @@ def test_the_worker_checks_the_budgets_on_the_data_it_read(tmp_path: Path) -> No
         budget(spec, data, Settings(max_train_memory_bytes=50 * 1024**2))
 
 
-def test_a_delivered_spec_over_a_lowered_budget_fails_validation(
-    budgets: pytest.MonkeyPatch,
-) -> None:
+def test_a_delivered_spec_over_a_lowered_budget_fails_validation() -> None:
     # A worker validates each job's spec as it takes it, with its own budgets.
-    budgets.setenv("MAX_JOB_MACS", "1e9")
     with pytest.raises(ValidationError, match="over MAX_JOB_MACS = 1e\\+09"):
-        TrainJobSpec.model_validate(TRAIN)
+        kinds.get("train").parse(TRAIN, Settings(max_job_macs=1e9))
 
 
 def _cursor(parts: Any) -> str:

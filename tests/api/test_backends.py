@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.model_process import SMALL_BATCH, backend_for, forward_for
+from serving.process import SMALL_BATCH, backend_for, forward_for
 from training import checkpoints, export
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.predictor import Predictor
 from training.specs import TrainSpec
 
@@ -28,7 +29,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
             "recipe": {"iterations": 1, "batch_size": 16},
         }
     )
-    fit(spec, load_dataset(spec.dataset, data_root=root), out_dir=root, sink=RecordingSink())
+    fit(spec, load_dataset(spec.dataset, data_root=root), RunOptions(out_dir=root), RecordingSink())
     path = root / "checkpoints" / "best.pt"
     return path, checkpoints.sha256_of(path)
 

@@ -27,7 +27,7 @@ from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import make_key, new_job, run_job, trained_job
+from tests.helpers import make_key, new_job, run_job, trained_job
 from tests.services import on_bucket
 from training import checkpoints
 from training.batch_predict import CONFUSION

@@ -1,7 +1,7 @@
 """Model processes, their micro-batching and the model cache, without HTTP.
 
 The batching rule is tested on the model's end of a socket pair; the processes are real
-`python -m api.model_process` children serving ResNet-8 checkpoints.
+`python -m serving.process` children serving ResNet-8 checkpoints.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from api.cache import SingleFlight
-from api.model_cache import ModelCache
-from api.model_process import (
+from serving.cache import ModelCache
+from serving.memo import SingleFlight
+from serving.process import (
     Closed,
     ForwardError,
     ModelProcess,
@@ -38,6 +38,7 @@ from training.checkpoints import CheckpointError
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.predictor import Predictor
 from training.specs import TrainSpec
 
@@ -145,7 +146,8 @@ def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path
             }
         )
         out = root / str(seed)
-        fit(spec, load_dataset(spec.dataset, data_root=root), out_dir=out, sink=RecordingSink())
+        data = load_dataset(spec.dataset, data_root=root)
+        fit(spec, data, RunOptions(out_dir=out), RecordingSink())
         path = out / "checkpoints" / "best.pt"
         found.append((path, checkpoints.sha256_of(path)))
     return found

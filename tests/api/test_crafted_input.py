@@ -16,7 +16,7 @@ import pytest
 
 from api.app import create_app
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 from tests.services import serve
 
 # A path parameter's crafted values, as they go on the wire (percent-encoded).

@@ -8,11 +8,11 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from api import queries, search
-from core import jobs
+from client.filters import JobFilter
+from core import job_queries, jobs
 from core.db.session import session_scope
 from core.settings import Settings
-from tests.api.helpers import claim, new_job
+from tests.helpers import claim, new_job
 
 JOBS = "/api/v1/jobs"
 ENVIRONMENT = {"torch": "2.0", "device": "cpu model", "device_type": "cpu", "device_count": 1}
@@ -107,9 +107,7 @@ def test_the_digest_filter_works_on_sqlite(sqlite_url: str) -> None:
         (f"data_digest={digests[0]}", made[digests[0]]),
         (f"data_digest={bare[:8]}", made[digests[0]] + made[digests[1]]),
     ]:
-        filters = queries.JobFilter(where=[search.parse_filter(expression)])
+        filters = JobFilter(filter=[expression], sort="created")
         with session_scope(sqlite_url) as session:
-            found, _ = queries.list_jobs(
-                session=session, filters=filters, sort="created", limit=100, cursor=None
-            )
+            found, _ = job_queries.list_jobs(session=session, filters=filters, limit=100)
             assert {job.id for job in found} == set(expected), expression

@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from api.app import create_app
 from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
+from core.queue import QUEUE
 from core.settings import Settings
-from tests.api.helpers import Key, key_of, run_job, trained_job
+from tests import images
+from tests.helpers import Key, key_of, run_job, trained_job
 from training.events import RecordingSink
 
 JOBS = "/api/v1/jobs"
@@ -58,9 +59,8 @@ def _zip() -> bytes:
     with zipfile.ZipFile(buffer, "w") as archive:
         for shade, label in enumerate(SECRET):
             for index in range(3):
-                image = io.BytesIO()
-                Image.new("RGB", (8, 8), (shade * 200, index * 40, 0)).save(image, format="PNG")
-                archive.writestr(f"pets/{label}/{index}.png", image.getvalue())
+                image = images.flat_png((shade * 200, index * 40, 0))
+                archive.writestr(f"pets/{label}/{index}.png", image)
     return buffer.getvalue()
 
 
@@ -127,7 +127,7 @@ def test_a_path_that_is_or_holds_the_uploads_folder_is_refused_for_every_kind(
     # Not even an admin key trains on every owner's uploads as classes at once.
     train = _specs("uploads", bobs_model)["train"]
     _refused(strict.post(JOBS, json=train, headers=admin.headers), 422, "uploads folder")
-    assert queue.llen("train") == 0
+    assert queue.llen(QUEUE) == 0
 
 
 def test_anothers_upload_is_refused_however_its_path_is_spelled(
@@ -156,7 +156,7 @@ def test_anothers_upload_is_refused_however_its_path_is_spelled(
     # '..' is refused by the spec itself, whatever it would resolve to.
     for spec in _specs(f"x/../uploads/{upload}", bobs_model).values():
         _refused(strict.post(JOBS, json=spec, headers=bob.headers), 422, "'..'")
-    assert queue.llen("train") == 0
+    assert queue.llen(QUEUE) == 0
     # The owner and an admin key read it under any spelling (the admin's train job here).
     alices_model = _owned_job(settings, alice)
     for path in (f"uploads/./{upload}", "alices/pets"):

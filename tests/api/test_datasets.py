@@ -9,20 +9,14 @@ from pathlib import Path
 
 import redis
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from core.queue import QUEUE
 from core.settings import Settings
+from tests import images
 from training.datasets import load_dataset
 from training.specs import ImageFolderSpec
 
 DATASETS = "/api/v1/datasets"
-
-
-def _png(shade: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (shade, shade, shade)).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _zip(names: list[str]) -> bytes:
@@ -30,7 +24,7 @@ def _zip(names: list[str]) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for index, name in enumerate(names):
-            archive.writestr(name, _png(20 * index))
+            archive.writestr(name, images.flat_png((20 * index,) * 3))
     return buffer.getvalue()
 
 

@@ -23,7 +23,7 @@ from core.db.session import session_scope
 from core.db.tables import ApiKey, Event, Job
 from core.errors import NotFoundError
 from core.settings import Settings
-from tests.api.helpers import TRAIN, claim, make_key, new_job
+from tests.helpers import TRAIN, claim, make_key, new_job
 from tests.services import serve
 from worker import outcomes
 
@@ -63,12 +63,12 @@ def local_url(auth_off: Settings) -> Iterator[str]:
 def test_with_auth_off_the_loopback_names_at_the_port_are_served(
     local: TestClient, host: str
 ) -> None:
-    assert local.get(f"{API}/session", headers={"Host": host}).status_code == 200
+    assert local.get(f"{API}/whoami", headers={"Host": host}).status_code == 200
 
 
 @pytest.mark.parametrize("host", ["attacker.example:8000", "127.0.0.1:9000", "localhost", ""])
 def test_with_auth_off_another_host_is_refused(local: TestClient, host: str) -> None:
-    response = local.get(f"{API}/session", headers={"Host": host})
+    response = local.get(f"{API}/whoami", headers={"Host": host})
     assert response.status_code == 421
     error = response.json()["error"]
     assert error["code"] == "misdirected_request"
@@ -78,11 +78,11 @@ def test_with_auth_off_another_host_is_refused(local: TestClient, host: str) -> 
 
 def test_a_rebinding_host_is_refused_at_the_port_the_server_listens_on(local_url: str) -> None:
     port = urlsplit(local_url).port
-    session = f"{local_url}{API}/session"
-    refused = httpx.get(session, headers={"Host": f"rebound.example:{port}"}, timeout=TIMEOUT_S)
+    whoami = f"{local_url}{API}/whoami"
+    refused = httpx.get(whoami, headers={"Host": f"rebound.example:{port}"}, timeout=TIMEOUT_S)
     assert refused.status_code == 421
     assert f"127.0.0.1:{port}" in refused.json()["error"]["message"]
-    served = httpx.get(session, headers={"Host": f"localhost:{port}"}, timeout=TIMEOUT_S)
+    served = httpx.get(whoami, headers={"Host": f"localhost:{port}"}, timeout=TIMEOUT_S)
     assert served.is_success
 
 
@@ -96,7 +96,7 @@ def test_with_auth_off_a_change_from_another_site_is_refused(
         assert "another site" in refused.json()["error"]["message"]
     assert _count(settings.database_url, Job) == before
     # Reading from elsewhere is left to the browser's same-origin policy.
-    assert local.get(f"{API}/session", headers={"Origin": "http://attacker.example"}).is_success
+    assert local.get(f"{API}/whoami", headers={"Origin": "http://attacker.example"}).is_success
 
 
 def test_with_auth_off_the_services_own_pages_may_send_changes(
@@ -114,7 +114,7 @@ def test_with_auth_on_any_host_and_origin_pass_unless_allowed_hosts_is_set(
     client: TestClient, settings: Settings
 ) -> None:
     headers = {"Host": "api.example.com", "Origin": "http://elsewhere.example"}
-    assert client.get(f"{API}/session", headers=headers).status_code == 200
+    assert client.get(f"{API}/whoami", headers=headers).status_code == 200
     pinned = settings.model_copy(update={"allowed_hosts": [".example.com", "127.0.0.1"]})
     with TestClient(create_app(pinned), base_url=LOOPBACK) as pinned_client:
         for host, status in [
@@ -123,7 +123,7 @@ def test_with_auth_on_any_host_and_origin_pass_unless_allowed_hosts_is_set(
             ("127.0.0.1:8000", 401),
             ("example.org", 421),
         ]:
-            answer = pinned_client.get(f"{API}/session", headers={"Host": host})
+            answer = pinned_client.get(f"{API}/whoami", headers={"Host": host})
             assert answer.status_code == status, host
 
 

@@ -23,7 +23,7 @@ from core.db.session import session_scope
 from core.db.tables import ModelExport
 from core.settings import Settings
 from models.zoo import TRACING
-from tests.api.helpers import make_key, trained_job
+from tests.helpers import make_key, trained_job
 from tests.services import serve
 
 API = "/api/v1"
@@ -69,14 +69,28 @@ def registered(client: httpx.Client, job_id: uuid.UUID) -> str:
 def exporters(pid: int | None = None) -> list[int]:
     """The export processes among the descendants of `pid` (this process by default)."""
     found = []
-    for task in Path(f"/proc/{pid or 'self'}/task").iterdir():
-        for child in map(int, (task / "children").read_text().split()):
-            try:
-                if EXPORTER in Path(f"/proc/{child}/cmdline").read_bytes():
-                    found.append(child)
-            except FileNotFoundError:  # it ended meanwhile
-                continue
-            found += exporters(child)
+    for child in children(pid):
+        try:
+            if EXPORTER in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except FileNotFoundError:  # it ended meanwhile
+            continue
+        found += exporters(child)
+    return found
+
+
+def children(pid: int | None) -> list[int]:
+    """The child processes of `pid`'s threads, skipping threads and processes that end meanwhile."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid or 'self'}/task").iterdir())
+    except FileNotFoundError:
+        return []
+    for task in tasks:
+        try:
+            found += map(int, (task / "children").read_text().split())
+        except FileNotFoundError:
+            continue
     return found
 
 

@@ -22,7 +22,7 @@ from core import artifacts, storage
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, ModelExport
 from core.settings import Settings
-from tests.api.helpers import make_key, trained_job
+from tests.helpers import make_key, trained_job
 from tests.services import free_port, on_bucket
 from training import export
 from training.runs import load_trained_model

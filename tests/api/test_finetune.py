@@ -12,7 +12,7 @@ from core import model_registry
 from core.db.session import session_scope
 from core.db.tables import Checkpoint
 from core.settings import Settings
-from tests.api.helpers import TRAIN, claim, finish, new_job, queued_ids
+from tests.helpers import TRAIN, claim, finish, new_job, queued_ids
 
 JOBS = "/api/v1/jobs"
 SHA256 = "ab" * 32

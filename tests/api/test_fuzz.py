@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 
 from api.app import create_app
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 from tests.services import serve
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]

@@ -20,7 +20,7 @@ import models
 from api.app import create_app
 from core.settings import Settings
 from tests import images
-from tests.api.helpers import make_key, run_job
+from tests.helpers import make_key, run_job
 from tests.training.test_weights import Payload, akamaster_file, seeded_torchvision
 from training import weights
 from training.events import RecordingSink

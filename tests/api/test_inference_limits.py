@@ -23,7 +23,7 @@ import redis
 import tritonclient.http as triton
 
 from core.settings import Settings
-from tests.api.helpers import peak_rss_mb, reset_peak_rss, trained_job
+from tests.helpers import peak_rss_mb, reset_peak_rss, trained_job
 from tests.services import serve
 
 URL = "/v2/models/tiny/infer"

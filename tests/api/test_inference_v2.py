@@ -24,17 +24,17 @@ from starlette.types import Message, Receive, Scope, Send
 from tritonclient.utils import InferenceServerException
 
 from api.limits import BodyLimit, PredictShed
-from api.model_cache import ModelCache, RefCache
-from api.model_process import ServingOptions
 from api.routers import inference
 from client.api import Client
 from core import model_registry
 from core.settings import Settings
+from serving.cache import ModelCache, RefCache
+from serving.process import ServingOptions
 from tests import images
-from tests.api.helpers import make_key, trained_job
+from tests.helpers import make_key, trained_job
 
 PREDICT = "/api/v1/predict"
-SIZE = 8  # the tiny net's input: 8x8 RGB (tests.api.helpers.TINY)
+SIZE = 8  # the tiny net's input: 8x8 RGB (tests.helpers.TINY)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Checkpoint, Event, Metric
 from core.settings import Settings
-from tests.api.helpers import claim, finish, new_job
+from tests.helpers import claim, finish, new_job
 
 JOBS = "/api/v1/jobs"
 

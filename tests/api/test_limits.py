@@ -13,9 +13,8 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.ratelimit import TokenBuckets
 from core.settings import Settings
-from tests.api.helpers import FakeClock, make_key, new_job
+from tests.helpers import FakeClock, make_key, new_job, wait_for
 from tests.services import serve
-from tests.worker.support import wait_for
 
 API = "/api/v1"
 DRY_RUN = f"{API}/studies?dry_run=true"  # a submit that writes nothing

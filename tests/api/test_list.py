@@ -15,7 +15,7 @@ from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import claim, finish, new_job
+from tests.helpers import claim, finish, new_job
 
 JOBS = "/api/v1/jobs"
 MODELS = ("resnet20", "resnet56", "plain20")

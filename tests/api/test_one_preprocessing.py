@@ -17,7 +17,7 @@ from PIL import Image
 from core import artifacts
 from core.settings import Settings
 from tests import images
-from tests.api.helpers import run_job, trained_job
+from tests.helpers import run_job, trained_job
 from training.events import RecordingSink
 
 CLASSES = ("cat", "dog")

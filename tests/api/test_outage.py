@@ -12,7 +12,7 @@ from sqlalchemy.pool import NullPool
 
 from api.errors import DATABASE_RETRY_AFTER_S
 from core.settings import Settings
-from tests.api.helpers import TRAIN
+from tests.helpers import TRAIN
 from tests.services import POSTGRES_ADMIN_URL
 
 

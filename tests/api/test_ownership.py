@@ -4,7 +4,6 @@ changes only what it made, an admin key everything; READS_OWNER_ONLY hides anoth
 
 from __future__ import annotations
 
-import io
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,13 +11,13 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from api.app import create_app
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import TRAIN, Key, key_of, trained_job
+from tests import images
+from tests.helpers import TRAIN, Key, key_of, trained_job
 
 JOBS = "/api/v1/jobs"
 STUDIES = "/api/v1/studies"
@@ -69,9 +68,7 @@ def _submit(client: TestClient, key: Key, **fields: Any) -> dict[str, Any]:
 
 
 def _png() -> dict[str, tuple[str, bytes, str]]:
-    out = io.BytesIO()
-    Image.new("L", (8, 8), 128).save(out, format="PNG")
-    return {"files": ("x.png", out.getvalue(), "image/png")}
+    return {"files": ("x.png", images.flat_png(128), "image/png")}
 
 
 def _refused(answer: Any, status: int, *words: str) -> None:

@@ -23,22 +23,16 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.model_cache import RefCache
 from cli.main import app
 from core import artifacts, model_registry
 from core.db.session import session_scope
 from core.db.tables import ModelVersion, RegisteredModel
 from core.kinds import TrainJobSpec
 from core.settings import Settings
+from serving.cache import RefCache
 from tests import images
-from tests.api.helpers import make_key, new_job, trained_job
-from tests.worker.support import (
-    WorkerProcess,
-    recipe,
-    service_env,
-    submit,
-    wait_status,
-)
+from tests.helpers import make_key, new_job, recipe, submit, trained_job, wait_status
+from tests.services import WorkerProcess, service_env
 from training import checkpoints
 from training.data import TensorSplit
 from training.datasets import load_dataset

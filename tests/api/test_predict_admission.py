@@ -18,19 +18,22 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.app import create_app
 from api.edge import PRINCIPAL
 from api.limits import PredictShed
-from api.model_cache import ModelCache, RefCache
-from api.model_process import ServingOptions
 from core import artifacts, model_registry
 from core.db.session import session_scope
 from core.keys import Principal
 from core.settings import Settings
+from serving.cache import ModelCache, RefCache
+from serving.dataplane import DataPlane
+from serving.metrics import ModelMetrics
+from serving.process import ServingOptions
 from tests import images
-from tests.api.helpers import make_key, trained_job
+from tests.helpers import make_key, trained_job
 
 QUEUE = 2  # PREDICT_QUEUE_SIZE here: two requests in hand per model
 
@@ -78,10 +81,19 @@ def test_bad_files_are_refused_before_their_model_starts(
     assert api.get("/api/v1/predict/stats").json()["loads"] == 0
 
 
+def _state(settings: Settings, cache: ModelCache) -> dict[str, object]:
+    """A server's lifespan state around `cache`: the early shed and the routes read it."""
+    refs = RefCache()
+    plane = DataPlane(settings, cache, refs, ModelMetrics(CollectorRegistry()))
+    return {"model_cache": cache, "refs": refs, "plane": plane}
+
+
 class _Call:
     """One request sent straight to the ASGI app: its body arrives only when released."""
 
-    def __init__(self, app: ASGIApp, job_id: uuid.UUID, key: str, cache: ModelCache) -> None:
+    def __init__(
+        self, app: ASGIApp, settings: Settings, job_id: uuid.UUID, key: str, cache: ModelCache
+    ) -> None:
         self.app, self.released, self.reads = app, asyncio.Event(), 0
         self.scope = {
             "type": "http",
@@ -101,7 +113,7 @@ class _Call:
             ],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 80),
-            "state": {"model_cache": cache, "refs": RefCache()},
+            "state": _state(settings, cache),
         }
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
@@ -130,13 +142,13 @@ def test_a_full_queue_is_refused_before_the_body_is_read(
     async def scenario() -> tuple[_Call, ModelCache, int]:
         cache = ModelCache(options=ServingOptions(max_queue=QUEUE, threads=1))
         sha256 = _sha256(settings, job_id)
-        held = [_Call(app, job_id, key, cache) for _ in range(QUEUE)]
+        held = [_Call(app, settings, job_id, key, cache) for _ in range(QUEUE)]
         tasks = [asyncio.create_task(call.run()) for call in held]
         deadline = time.monotonic() + 30
         while cache.admitted[sha256] < QUEUE:  # both wait for their bodies, in hand
             assert time.monotonic() < deadline, "the requests were never admitted"
             await asyncio.sleep(0.01)
-        probe = _Call(app, job_id, key, cache)
+        probe = _Call(app, settings, job_id, key, cache)
         await asyncio.wait_for(probe.run(), 10)  # answered without waiting for its body
         for call in held:
             call.released.set()

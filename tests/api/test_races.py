@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import TRAIN, make_key, trained_job
+from tests.helpers import TRAIN, make_key, trained_job
 
 CLIENTS = 20
 

@@ -20,9 +20,9 @@ from core import uploads
 from core.db.session import session_scope
 from core.db.tables import Job, Study
 from core.settings import Settings
-from tests.api.helpers import TRAIN
 from tests.api.test_races import CLIENTS, _all_at_once
 from tests.api.test_studies import BASE
+from tests.helpers import TRAIN
 from tests.services import serve
 
 KIB = 1024

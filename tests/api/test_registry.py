@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.settings import Settings
-from tests.api.helpers import make_key, new_job, trained_job
+from tests.helpers import make_key, new_job, trained_job
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api import queries, search
-from core import jobs
+from client.filters import JobFilter
+from core import job_queries, jobs
 from core.db.session import session_scope
 from core.settings import Settings
-from tests.api.helpers import claim, make_key, new_job
+from tests.helpers import claim, make_key, new_job
 
 JOBS = "/api/v1/jobs"
 LRS = (0.1, 0.01, 0.2, 0.05)
@@ -273,16 +273,14 @@ def test_the_filters_work_on_sqlite(sqlite_url: str) -> None:
     cases = [*CASES, "created_at>=2000-01-01"]
     with session_scope(sqlite_url) as session:
         for expression in cases:
-            filters = queries.JobFilter(where=[search.parse_filter(expression)])
-            found, _ = queries.list_jobs(
-                session=session, filters=filters, sort="created", limit=100, cursor=None
-            )
+            filters = JobFilter(filter=[expression], sort="created")
+            found, _ = job_queries.list_jobs(session=session, filters=filters, limit=100)
             matches = CASES.get(expression, _every)
             assert [job.id for job in found] == [s.id for s in made if matches(s)], expression
         sort, ids, cursor = "-summary.best_train_error", [], None
         while True:
-            page, cursor = queries.list_jobs(
-                session=session, filters=queries.JobFilter(), sort=sort, limit=5, cursor=cursor
+            page, cursor = job_queries.list_jobs(
+                session=session, filters=JobFilter(sort=sort), limit=5, cursor=cursor
             )
             ids += [str(job.id) for job in page]
             if cursor is None:

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import run_job, trained_job
+from tests.helpers import run_job, trained_job
 from training.events import RecordingSink
 
 JOBS = "/api/v1/jobs"

@@ -14,7 +14,7 @@ from core import jobs
 from core.db import schema
 from core.db.session import session_scope
 from core.settings import Settings
-from tests.api.helpers import claim, new_job
+from tests.helpers import claim, new_job
 from tests.services import throwaway_database
 
 API = "/api/v1"

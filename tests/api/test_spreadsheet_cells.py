@@ -17,7 +17,7 @@ from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import run_job, trained_job
+from tests.helpers import run_job, trained_job
 from training.events import RecordingSink
 
 JOBS = "/api/v1/jobs"

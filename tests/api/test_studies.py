@@ -19,7 +19,7 @@ from core.db.session import session_scope
 from core.db.tables import Job, Study
 from core.settings import Settings
 from core.studies import service as studies
-from tests.api.helpers import claim, finish, queued_ids
+from tests.helpers import claim, finish, queued_ids
 
 STUDIES = "/api/v1/studies"
 BASE = {
@@ -48,7 +48,7 @@ def test_a_grid_expands_into_held_jobs_and_max_parallel_of_them_are_enqueued(
     study = _submit(client, name="lr sweep", tags=["sweep"])
     assert study["state"] == "queued"
     assert study["counts"] == {
-        "queued": 8, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+        "queued": 8, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "pruned": 0,
         "done": 0, "total": 8,
     }  # fmt: skip
     assert [cell["values"] for cell in study["cells"]] == [
@@ -281,5 +281,17 @@ def test_a_retried_job_of_a_study_takes_its_turn_within_max_parallel(
     url = settings.database_url
     finish(url, uuid.UUID(second), claim(url, uuid.UUID(second)))
     with session_scope(url) as session:  # what the worker does once a job ends
-        released = studies.release_after(session=session, job_id=uuid.UUID(second))
+        released = studies.release_after(
+            session=session, settings=settings, job_id=uuid.UUID(second)
+        )
     assert released == [uuid.UUID(first)]
+
+
+def test_the_list_pages_newest_first_through_its_next_cursor_header(client: TestClient) -> None:
+    made = [_submit(client, seeds=1, grid={})["id"] for _ in range(3)]
+    first = client.get(STUDIES, params={"limit": 2})
+    assert [study["id"] for study in first.json()] == made[::-1][:2]
+    cursor = first.headers["Next-Cursor"]
+    second = client.get(STUDIES, params={"limit": 2, "cursor": cursor})
+    assert second.json()[0]["id"] == made[0]
+    assert client.get(STUDIES, params={"cursor": "bm90LWEtY3Vyc29y"}).status_code == 422

@@ -17,7 +17,7 @@ from core.db.session import session_scope
 from core.db.tables import ApiKey, Job
 from core.queue import QUEUE
 from core.settings import Settings
-from tests.api.helpers import TRAIN, FakeClock, claim, finish, make_key, new_job, queued_ids
+from tests.helpers import TRAIN, FakeClock, claim, finish, make_key, new_job, queued_ids
 
 JOBS = "/api/v1/jobs"
 LOCAL = "http://127.0.0.1:8000"  # with auth off the app answers to loopback names only

@@ -22,7 +22,7 @@ from core import uploads
 from core.db.session import session_scope
 from core.db.tables import Upload
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 from training.datasets.archives import (
     MAX_HEADER_BYTES,
     ArchiveLimitError,

@@ -16,8 +16,8 @@ from api.app import create_app
 from core import uploads
 from core.settings import Settings
 from core.storage import StoreUnavailableError
-from tests.api.helpers import make_key
 from tests.api.test_datasets import _zip
+from tests.helpers import make_key
 from tests.services import free_port, on_bucket
 from training.datasets import load_dataset
 from training.specs import ImageFolderSpec

@@ -15,7 +15,7 @@ from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import TRAIN, make_key, trained_job
+from tests.helpers import TRAIN, make_key, trained_job
 from tests.services import file_bytes
 
 BUDGET = 8 * 2**20

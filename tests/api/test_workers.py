@@ -22,10 +22,12 @@ def test_workers_are_listed_alive_or_lost_to_a_reader(
     url = settings.database_url
     with session_scope(url) as session:
         workers.register(session=session, name="gpu@a", host="a", pid=7, devices=["cuda:0"],
-                         queues=["train", "gpu"])  # fmt: skip
+                         queues=["cpu", "gpu"])  # fmt: skip
         workers.register(session=session, name="cpu@b", host="b", pid=8, devices=["cpu"],
-                         queues=["train"])  # fmt: skip
-        lost = utcnow() - timedelta(seconds=workers.LOST_AFTER_LEASES * settings.lease_seconds + 1)
+                         queues=["cpu"])  # fmt: skip
+        lost = utcnow() - timedelta(
+            seconds=workers.WORKER_LOST_AFTER_LEASES * settings.lease_seconds + 1
+        )
         session.execute(update(Worker).where(Worker.name == "cpu@b").values(last_seen_at=lost))
     assert anonymous.get(WORKERS).status_code == 401
     response = client.get(WORKERS)
@@ -38,7 +40,7 @@ def test_workers_are_listed_alive_or_lost_to_a_reader(
     gpu = listed["gpu@a"]
     assert (gpu["devices"], gpu["queues"], gpu["pid"], gpu["host"]) == (
         ["cuda:0"],
-        ["train", "gpu"],
+        ["cpu", "gpu"],
         7,
         "a",
     )
@@ -52,7 +54,7 @@ def test_workers_are_listed_alive_or_lost_to_a_reader(
 def test_a_gpu_job_says_what_it_waits_for(client: TestClient, settings: Settings) -> None:
     body = {"kind": "train", "model": {"name": "resnet8"}, "dataset": {"name": "digits"}}
     small = client.post("/api/v1/jobs", json={**body, "recipe": {"epochs": 1}}).json()
-    assert (small["queue"], small["waiting_for"]) == ("train", "any worker")
+    assert (small["queue"], small["waiting_for"]) == ("cpu", "any worker")
     assert small["spec"]["resources"] == {"device": "any", "gpus": 0}
     asked = {**body, "resources": {"gpus": 2}}
     job = client.post("/api/v1/jobs", json=asked).json()
