@@ -28,14 +28,20 @@ class Outcome:
     details: str | None = None  # a traceback for the worker's log, never for clients
 
 
-def of_run(summary: dict[str, Any], watchdog: Watchdog) -> Outcome:
-    """Succeeded, or, for a run that stopped early, cancelled or failed for its time limit."""
+def of_run(summary: dict[str, Any], watchdog: Watchdog, pruned: str | None = None) -> Outcome:
+    """Succeeded, or, for a run stopped early on request, cancelled, pruned (`pruned`: its
+    search's pruner stopped it, and why) or failed for its time limit. A run its early stop
+    ended on a plateau (`ended.reason`) succeeded."""
     if watchdog.lost.is_set():
         raise jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease")
-    if not summary.get("stopped"):
+    ended = summary.get("ended") or {}
+    if not summary.get("stopped") or ended.get("reason") == "plateau":
         return Outcome("succeeded", summary)
     if watchdog.cancelled.is_set():
         return Outcome("cancelled", summary)
+    if pruned is not None:
+        ended = {"reason": "pruned", "message": pruned, "step": summary.get("steps")}
+        return Outcome("pruned", {**summary, "ended": ended})
     limit = f"{watchdog.limits.soft_s:.0f} s"
     reason = f"exceeded its time limit of {limit} (estimated from its budget; MAX_JOB_SECONDS)"
     return Outcome("failed", summary, reason)

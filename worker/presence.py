@@ -24,20 +24,20 @@ from core.db.tables import FINAL_STATUSES, Job
 from core.queue import enqueue_committed
 from core.resources import ResourcesSpec
 from core.settings import Settings
+from training.devices import default_device
 
 log = logging.getLogger(__name__)
-
-# What `resnet-service worker` chose for this process: set before Celery starts.
-DEVICES: list[str] = []
 
 
 @dataclass(frozen=True)
 class Presence:
-    """This worker in the register: its Celery node name and the queues it consumes."""
+    """This worker in the register: its Celery node name, the queues it consumes and the
+    devices it owns."""
 
     settings: Settings
     name: str
     queues: list[str]
+    devices: list[str]
 
     def beat(self) -> None:
         """The main process's heartbeat (each reaper pass); writes the row when missing, and
@@ -51,13 +51,13 @@ class Presence:
                 name=self.name,
                 host=socket.gethostname(),
                 pid=os.getpid(),
-                devices=DEVICES or ["cpu"],
+                devices=self.devices,
                 queues=self.queues,
             )
 
 
 def ordered(queues: Iterable[str]) -> list[str]:
-    """Queue names in the order of need (train, gpu, gpu-2, ...), others after, by name."""
+    """Queue names in the order of need (cpu, gpu, gpu-2, ...), others after, by name."""
     known = {name: index for index, name in enumerate(resources.ALL_QUEUES)}
     return sorted(queues, key=lambda name: (known.get(name, len(known)), name))
 
@@ -80,7 +80,7 @@ def needs(settings: Settings, job_id: uuid.UUID) -> ResourcesSpec | None:
 
 def gpus_here(settings: Settings) -> int:
     """The GPUs this job process may use: none when its device is the CPU."""
-    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = settings.device or str(default_device())
     return torch.cuda.device_count() if device.startswith("cuda") else 0
 
 

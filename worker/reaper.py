@@ -24,7 +24,9 @@ from core.studies import service as studies
 
 log = logging.getLogger(__name__)
 
-LOST_AFTER_LEASES = 2  # a queued job untouched this many lease periods may have lost its message
+# A queued job untouched this many lease periods, beyond the messages waiting on the broker,
+# has lost its message (say, Redis restarted empty): the reaper enqueues it again.
+MESSAGE_LOST_AFTER_LEASES = 2
 
 
 def interval(settings: Settings) -> float:
@@ -49,7 +51,7 @@ def reap_once(settings: Settings) -> list[uuid.UUID]:
         # Queued jobs beyond the messages waiting lost theirs (say, Redis restarted empty).
         lost = jobs.take_stale_queued(
             session=session,
-            older_than_s=LOST_AFTER_LEASES * settings.lease_seconds,
+            older_than_s=MESSAGE_LOST_AFTER_LEASES * settings.lease_seconds,
             limit=jobs.count_queued(session=session) - waiting,
         )
         for job_id in expired:
@@ -59,7 +61,7 @@ def reap_once(settings: Settings) -> list[uuid.UUID]:
         released = [
             job_id
             for study_id in studies.studies_with_held_jobs(session=session)
-            for job_id in studies.release(session=session, study_id=study_id)
+            for job_id in studies.release(session=session, settings=settings, study_id=study_id)
         ]
         taken = [*expired, *lost, *released]
         # Read here, in this pass's unpooled session: a pool would be forked into the jobs.

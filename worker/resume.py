@@ -21,7 +21,7 @@ from core import artifacts
 from core.db.session import session_scope
 from core.db.tables import Checkpoint
 from core.settings import Settings
-from core.storage import ObjectCorruptError, ObjectMissingError, Store, copy_atomic
+from core.storage import ObjectCorruptError, ObjectMissingError, Store, copy_atomic, recorded_file
 from training import checkpoints
 from training.checkpoints import CheckpointInfo
 from training.events import EventSink
@@ -56,7 +56,7 @@ def fetch_latest(
     """Keep the folder's recorded step files, fetch the newest recorded checkpoint that
     verifies when the folder lacks it; the sha256 of each by local path. (A job that
     began with the local store, its rows naming files, resumes from them as before.)"""
-    if not all(artifacts.is_key(path) for path in recorded):
+    if any(recorded_file(path) is not None for path in recorded):
         return recorded
     stored = dict(recorded)
     keys = {str(directory / f"step-{step_of(key)}.pt"): key for key in stored if step_of(key) >= 0}
@@ -67,7 +67,7 @@ def fetch_latest(
             path.with_suffix(".sha256").unlink(missing_ok=True)
     for target in sorted(local, key=lambda path: step_of(path), reverse=True):
         sha256 = local[target]
-        if Path(target).is_file() and checkpoints.sha256_of(Path(target)) == sha256:
+        if checkpoints.verifies(Path(target), sha256):
             return local
         try:
             fetched = while_store_reachable(

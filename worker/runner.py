@@ -20,13 +20,14 @@ import torch
 from core import artifacts, jobs, kinds, uploads, usage
 from core.db.session import UNAVAILABLE, session_scope
 from core.db.tables import Job
-from core.kinds.train import training_spec
 from core.queue import enqueue_committed
 from core.settings import Settings
-from core.storage import StoreUnavailableError, store_for
+from core.storage import StoreUnavailableError, shared_store
+from core.studies import search
 from core.studies import service as studies
 from training.checkpoints import FencedOutError, FolderLockedError
 from training.data import LoadedDataset
+from training.devices import default_device
 from training.environment import environment
 from worker import outcomes, resume
 from worker.limits import time_limits
@@ -48,9 +49,7 @@ log = logging.getLogger(__name__)
 
 def pick_device(settings: Settings) -> torch.device:
     """`settings.device`, else the first visible GPU, else the CPU (one worker per GPU)."""
-    if settings.device:
-        return torch.device(settings.device)
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return torch.device(settings.device) if settings.device else default_device()
 
 
 def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
@@ -68,13 +67,13 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         log.info("job %s: not claimable (running elsewhere, or ended); skipped", job_id)
         return
     watchdog = Watchdog(settings=settings, claim=claim)
-    store = store_for(settings) if artifacts.uses_bucket(settings) else None
     sink = DatabaseSink(
         url=settings.database_url,
         claim=claim,
         watchdog=watchdog,
-        store=store,
+        store=shared_store(settings),
         budget=owner_budget(settings, job_id),
+        judge=judge_of(settings, job_id),
     )
     watchdog.start()
     try:
@@ -105,10 +104,14 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         return
     _record_usage(settings, job_id)  # before its status: an ended job shows its figure
     outcomes.record(settings, claim, outcome, watchdog.progress)
-    if store is not None:
-        # Its checkpoints are in the bucket: this machine's copies would only fill its disk.
-        artifacts.delete_job(settings, job_id)
+    artifacts.release_job(settings, job_id)  # its files in a bucket: this disk's copies go
     _release_study(settings, job_id)
+
+
+def judge_of(settings: Settings, job_id: uuid.UUID) -> search.Judge | None:
+    """The pruner's judge of a search trial's job (None for any other job)."""
+    with session_scope(settings.database_url) as session:
+        return search.Judge.of_job(session, job_id)
 
 
 def owner_budget(settings: Settings, job_id: uuid.UUID) -> OwnerBudget:
@@ -118,7 +121,8 @@ def owner_budget(settings: Settings, job_id: uuid.UUID) -> OwnerBudget:
         job = session.get(Job, job_id)
         assert job is not None, "a claimed job exists"
         owner, kind, spec = job.owner_key_id, job.kind, job.spec
-    estimate = usage.checkpoint_estimate(training_spec(spec)) if kind == "train" else 0
+    trained = kinds.training_of(kind, spec)
+    estimate = usage.checkpoint_estimate(trained) if trained is not None else 0
     return OwnerBudget(settings, owner, estimate)
 
 
@@ -152,10 +156,10 @@ def run_claimed(
         sink.on_run_record(provenance, environment(device))
 
     context = kinds.RunContext(claim.job_id, settings, device, sink, set_budget, set_data)
-    summary = kind.run(kind.spec.model_validate(spec_json), context)
+    summary = kind.run(kind.parse(spec_json, settings), context)  # within this worker's budgets
     if summary.get("stopped") and watchdog.handing_back and not watchdog.cancelled.is_set():
         return Outcome(HANDED_BACK, summary)
-    return outcomes.of_run(summary, watchdog)
+    return outcomes.of_run(summary, watchdog, pruned=sink.pruned)
 
 
 def _hand_back(settings: Settings, watchdog: Watchdog, reason: str) -> None:
@@ -181,7 +185,7 @@ def _release_study(settings: Settings, job_id: uuid.UUID) -> None:
     """Start the next held jobs of the job's study, if it has one (the reaper retries)."""
     try:
         with session_scope(settings.database_url) as session:
-            released = studies.release_after(session=session, job_id=job_id)
+            released = studies.release_after(session=session, settings=settings, job_id=job_id)
         enqueue_committed(released, settings=settings)
     except Exception as error:
         log.warning("job %s: could not release its study's next jobs: %s", job_id, error)

@@ -35,10 +35,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from core import artifacts, jobs, usage
+from core import jobs, layout, usage
 from core.db.session import UNAVAILABLE, session_scope
 from core.settings import Settings
 from core.storage import Store, StoreError, StoreUnavailableError
+from core.studies import search
 from training import checkpoints
 from training.checkpoints import CheckpointInfo, Fence
 from worker.watchdog import Watchdog
@@ -127,8 +128,11 @@ class DatabaseSink:
         watchdog: Watchdog,
         store: Store | None = None,
         budget: OwnerBudget | None = None,
+        judge: search.Judge | None = None,
     ) -> None:
         self.url, self.claim, self.watchdog = url, claim, watchdog
+        self.judge = judge  # a search trial's pruner, judging each point of its objective
+        self.pruned: str | None = None  # why the pruner stopped the run, once it did
         self.store = store  # the object store checkpoints go to; None: the local folder is it
         self.budget = budget  # None: checkpoints are neither measured nor held to a budget
         self.checkpoint_bytes: int | None = None  # the last checkpoint's, once one is written
@@ -177,6 +181,27 @@ class DatabaseSink:
                 self.on_event("warning", f"{name} is {value} at step {step}; not stored")
         if len(self.pending) >= FLUSH_POINTS:
             self.flush()
+        if self.judge is not None and self.pruned is None:
+            judged = values.get(self.judge.metric)
+            if judged is not None and math.isfinite(judged):
+                self._judge(step, judged)
+
+    def _judge(self, step: int, value: float) -> None:
+        """Ask the search's pruner about this point; a pruned run stops at its next check.
+        A pruner that cannot be asked (the database is away) lets the run go on."""
+        judge = self.judge
+        assert judge is not None
+        try:
+            with session_scope(self.url) as session:
+                reason = judge.prunes(session, step, value)
+        except Exception as error:
+            log.warning(
+                "job %s: its pruner was not asked at step %s: %s", self.claim.job_id, step, error
+            )
+            return
+        if reason is not None:
+            self.pruned = reason
+            self.on_event("info", reason)
 
     def on_event(self, level: str, message: str) -> None:
         self._check_lease()
@@ -228,7 +253,7 @@ class DatabaseSink:
     def should_stop(self) -> bool:
         watchdog = self.watchdog
         stop = watchdog.cancelled.is_set() or watchdog.lost.is_set() or watchdog.handing_back
-        return stop or watchdog.overtime
+        return stop or watchdog.overtime or self.pruned is not None
 
     def flush(self) -> None:
         """Write the buffered metric points in one fenced upsert."""
@@ -250,7 +275,7 @@ class DatabaseSink:
 
     def key_of(self, path: Path) -> str:
         """The object key of one of the job's checkpoint files."""
-        return artifacts.checkpoint_key(self.claim.job_id, path.name)
+        return layout.checkpoint_key(self.claim.job_id, path.name)
 
     def _record(self, info: CheckpointInfo) -> None:
         if self.store is None:
@@ -286,7 +311,7 @@ class DatabaseSink:
         that died before recording them); one left behind goes with the job."""
         store = self.store
         assert store is not None
-        prefix = artifacts.checkpoint_key(self.claim.job_id, "")
+        prefix = layout.checkpoints_prefix(self.claim.job_id)
         try:
             listed = while_store_reachable(self.watchdog, lambda: store.keys(prefix))
         except (StoreError, StoreOutageError) as error:

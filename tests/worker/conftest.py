@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.worker.support import Service, make_settings
+from tests.services import Service, make_settings
 
 
 @pytest.fixture(scope="module")

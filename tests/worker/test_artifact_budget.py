@@ -16,16 +16,13 @@ from core.db.session import session_scope
 from core.db.tables import Job
 from core.kinds import TrainJobSpec
 from core.settings import Settings
-from tests.services import file_bytes
-from tests.worker.support import (
+from tests.helpers import checkpoint_rows, job, messages, wait_for, wait_status
+from tests.services import (
+    HEARTBEAT_SECONDS,
+    LEASE_SECONDS,
     WorkerProcess,
-    checkpoint_rows,
-    job,
-    make_settings,
-    messages,
+    file_bytes,
     service_env,
-    wait_for,
-    wait_status,
 )
 from training.checkpoints import sha256_of
 
@@ -36,20 +33,31 @@ CHECKPOINT = 600_000  # a resnet8 checkpoint on digits is more than this
 
 
 @pytest.fixture(scope="module")
-def settings(
-    postgres_url: str, redis_broker_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Settings]:
-    """The settings of a worker process whose owners may keep 3.5 MiB of artifacts each."""
-    root = tmp_path_factory.mktemp("budget")
-    shared = make_settings(postgres_url, redis_broker_url, root)
-    shared = shared.model_copy(update={"max_artifact_bytes_per_owner": BUDGET})
-    env = {**service_env(shared, root / "artifacts"), "MAX_ARTIFACT_BYTES_PER_OWNER": str(BUDGET)}
-    worker = WorkerProcess("budget", env, root / "budget.log")
+def settings(settings: Settings) -> Settings:
+    """The module's settings with a worker process's short lease, and 3.5 MiB of artifacts
+    for each owner."""
+    return settings.model_copy(
+        update={
+            "lease_seconds": LEASE_SECONDS,
+            "heartbeat_seconds": HEARTBEAT_SECONDS,
+            "max_artifact_bytes_per_owner": BUDGET,
+        }
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker(settings: Settings) -> Iterator[WorkerProcess]:
+    """One worker process that holds its owners to the budget."""
+    env = {
+        **service_env(settings, settings.artifact_dir),
+        "MAX_ARTIFACT_BYTES_PER_OWNER": str(BUDGET),
+    }
+    process = WorkerProcess("budget", env, settings.artifact_dir.parent / "budget.log")
     try:
-        worker.wait_ready()
-        yield shared
+        process.wait_ready()
+        yield process
     finally:
-        worker.stop()
+        process.stop()
 
 
 def _owner(settings: Settings) -> uuid.UUID:
@@ -74,7 +82,9 @@ def _submit(settings: Settings, owner: uuid.UUID, iterations: int) -> uuid.UUID:
         }
     )
     with session_scope(settings.database_url) as session:
-        job_id = jobs.create(session=session, spec=spec, max_attempts=1, owner_key_id=owner).id
+        job_id = jobs.create(
+            session=session, settings=settings, spec=spec, max_attempts=1, owner_key_id=owner
+        ).id
     queue.enqueue(job_id, settings=settings)
     return job_id
 
@@ -127,7 +137,9 @@ def test_a_run_that_cannot_fit_its_next_checkpoint_fails_keeping_its_newest(
     # Another of the owner's jobs (ended, never delivered) comes to keep all but 1 MiB.
     spec = TrainJobSpec.model_validate(job(url, job_id).spec)
     with session_scope(url) as session:
-        other = jobs.create(session=session, spec=spec, max_attempts=1, owner_key_id=owner)
+        other = jobs.create(
+            session=session, settings=settings, spec=spec, max_attempts=1, owner_key_id=owner
+        )
         session.execute(
             update(Job)
             .where(Job.id == other.id)

@@ -26,8 +26,8 @@ from core import queue
 from core.db.session import session_scope
 from core.db.tables import Event, Job
 from core.kinds import TrainJobSpec
-from tests.services import free_port
-from tests.worker.support import Service, make_settings, submit, wait_for
+from tests.helpers import submit, wait_for
+from tests.services import Service, free_port, make_settings
 
 pytestmark = pytest.mark.slow
 

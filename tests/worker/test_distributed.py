@@ -12,7 +12,7 @@ from core import artifacts
 from core.kinds.base import RunContext
 from core.kinds.train import KIND, TrainJobSpec, processes
 from core.settings import Settings
-from tests.worker.support import recipe
+from tests.helpers import recipe
 from training import checkpoints
 from training.events import RecordingSink
 

@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 
 from core.kinds import EvaluateJobSpec
-from tests.worker.support import (
-    Service,
+from tests.helpers import (
     checkpoint_rows,
-    make_settings,
     messages,
     metric_counts,
     metric_steps,
@@ -19,6 +17,7 @@ from tests.worker.support import (
     train_spec,
     wait_status,
 )
+from tests.services import Service, make_settings
 from training.checkpoints import sha256_of
 
 pytestmark = pytest.mark.slow

@@ -21,11 +21,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from core.db.tables import Job
-from tests.services import POSTGRES_ADMIN_URL
-from tests.worker.support import (
-    LEASE_SECONDS,
+from tests.helpers import (
     LOG_EVERY,
-    Service,
     checkpoint_rows,
     job,
     job_pid,
@@ -37,6 +34,7 @@ from tests.worker.support import (
     wait_for,
     wait_status,
 )
+from tests.services import LEASE_SECONDS, POSTGRES_ADMIN_URL, Service
 from training.checkpoints import sha256_of
 
 pytestmark = pytest.mark.slow
@@ -88,11 +86,11 @@ def test_a_worker_paused_past_its_lease_writes_nothing_once_resumed(service: Ser
     finally:
         os.kill(job_pid(paused), signal.SIGCONT)
 
-    wait_for(
-        lambda: f"job {job_id}: lease lost" in service.workers[node].output(),
-        120,
-        "the resumed worker to stop",
-    )
+    resumed = service.workers[node]
+    try:
+        wait_for(lambda: f"job {job_id}: lease lost" in resumed.output(), 240, "the worker to stop")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; its log ends:\n{resumed.output()[-4000:]}") from None
     done = wait_status(url, job_id, "succeeded", timeout=300)
     assert done.attempt >= 2
     _assert_one_axis(url, done, epochs=3)

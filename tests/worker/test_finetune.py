@@ -13,17 +13,8 @@ from core import jobs, model_registry
 from core.db.session import session_scope
 from core.errors import InvalidError
 from core.kinds import TrainJobSpec
-from tests.worker.support import (
-    Service,
-    checkpoint_rows,
-    job,
-    make_settings,
-    messages,
-    recipe,
-    submit,
-    train_spec,
-    wait_status,
-)
+from tests.helpers import checkpoint_rows, job, messages, recipe, submit, train_spec, wait_status
+from tests.services import Service, make_settings
 from training import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -96,7 +87,12 @@ def test_a_fine_tune_of_a_registered_version_runs_and_shows_its_lineage(service:
 def test_an_unknown_reference_or_another_net_is_refused(service: Service) -> None:
     with session_scope(service.url) as session:
         with pytest.raises(InvalidError) as unknown:
-            jobs.create(session=session, spec=_fine_tune("no-such-model/3"), max_attempts=1)
+            jobs.create(
+                session=session,
+                settings=service.settings,
+                spec=_fine_tune("no-such-model/3"),
+                max_attempts=1,
+            )
         assert "init.source 'no-such-model/3'" in unknown.value.message
         assert unknown.value.field == ("body", "init", "source")
         session.rollback()
@@ -108,5 +104,10 @@ def test_another_net_than_the_sources_is_refused(service: Service) -> None:
     wait_status(url, base_id, "succeeded")
     with session_scope(url) as session:
         with pytest.raises(InvalidError, match=r"model resnet14 is not the net of init\.source"):
-            jobs.create(session=session, spec=_fine_tune(str(base_id), "resnet14"), max_attempts=1)
+            jobs.create(
+                session=session,
+                settings=settings,
+                spec=_fine_tune(str(base_id), "resnet14"),
+                max_attempts=1,
+            )
         session.rollback()

@@ -13,7 +13,6 @@ own cache.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -27,20 +26,25 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from PIL import Image
 
 from core.db.tables import Job
-from tests.api.helpers import make_key
-from tests.hosts import Forwarder, Host, Network, network
-from tests.services import claimed_redis_db, free_port, s3_server, wait_until_answering
-from tests.worker.support import (
-    LEASE_SECONDS,
+from tests import images
+from tests.helpers import (
     checkpoint_rows,
     job,
+    make_key,
     messages,
     train_spec,
     wait_for,
     wait_status,
+)
+from tests.hosts import Forwarder, Host, Network, network
+from tests.services import (
+    LEASE_SECONDS,
+    claimed_redis_db,
+    free_port,
+    s3_server,
+    wait_until_answering,
 )
 
 pytestmark = pytest.mark.slow
@@ -97,12 +101,6 @@ def _start_worker(host: Host, env: dict[str, str], root: Path) -> None:
         f"the worker on {host.name} to start",
     )
     assert process.poll() is None, log.read_text(errors="replace")
-
-
-def _png() -> bytes:
-    out = io.BytesIO()
-    Image.new("L", (8, 8), 200).save(out, format="PNG")
-    return out.getvalue()
 
 
 @contextmanager
@@ -192,7 +190,7 @@ def test_a_job_killed_on_host_a_resumes_on_host_b_and_is_served_by_the_api_host(
         answer = http.post(
             "/api/v1/predict",
             params={"model": str(job_id)},
-            files={"files": ("x.png", _png(), "image/png")},
+            files={"files": ("x.png", images.flat_png(200), "image/png")},
         )
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["results"][0]["top_k"]) == 5

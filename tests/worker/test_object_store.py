@@ -25,27 +25,35 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from api.app import create_app
-from core import artifacts, jobs
+from core import artifacts, jobs, layout
 from core.db.session import session_scope
 from core.kinds import EvaluateJobSpec
 from core.settings import Settings
 from core.storage import store_for
 from tests import images
-from tests.api.helpers import claim, finish, make_key, new_job
-from tests.services import REDIS_URL, free_port, on_bucket, s3_server
-from tests.worker.support import (
-    WorkerProcess,
+from tests.helpers import (
     checkpoint_rows,
+    claim,
+    finish,
     job,
-    make_settings,
+    make_key,
     messages,
     metric_counts,
     metric_steps,
-    service_env,
+    new_job,
     submit,
     train_spec,
     wait_for,
     wait_status,
+)
+from tests.services import (
+    REDIS_URL,
+    WorkerProcess,
+    free_port,
+    make_settings,
+    on_bucket,
+    s3_server,
+    service_env,
 )
 from worker import runner
 from worker.sink import RETRY_MAX_S
@@ -180,7 +188,7 @@ def test_an_evaluate_job_reads_the_best_checkpoint_from_the_bucket(
         }
     )
     with session_scope(base.database_url) as session:
-        job_id = jobs.create(session=session, spec=spec, max_attempts=1).id
+        job_id = jobs.create(session=session, settings=base, spec=spec, max_attempts=1).id
     runner.execute(job_id, settings=evaluator, worker="evaluator")
 
     done = job(base.database_url, job_id)
@@ -270,7 +278,9 @@ def test_a_store_that_stays_down_hands_a_running_job_back(
 def submit_queued(settings: Settings) -> uuid.UUID:
     """A one-epoch train job, queued in the database only (the test runs it itself)."""
     with session_scope(settings.database_url) as session:
-        return jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        return jobs.create(
+            session=session, settings=settings, spec=train_spec(epochs=1), max_attempts=3
+        ).id
 
 
 def stored_elsewhere(settings: Settings) -> uuid.UUID:
@@ -278,7 +288,7 @@ def stored_elsewhere(settings: Settings) -> uuid.UUID:
     url = settings.database_url
     job_id = new_job(url, model={"name": "resnet8"})
     token = claim(url, job_id)
-    key = artifacts.checkpoint_key(job_id, "step-1.pt")
+    key = layout.checkpoint_key(job_id, "step-1.pt")
     with session_scope(url) as session:
         jobs.record_checkpoint(
             session=session,

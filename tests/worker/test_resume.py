@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from core import artifacts
+from core import layout
 from core.storage import LocalStore
 from training import checkpoints
 from worker import resume
@@ -41,7 +41,7 @@ def stored(bucket: LocalStore, step: int, data: bytes) -> tuple[str, str]:
     """A checkpoint object of step `step` with bytes `data`: its key and sha256."""
     source = bucket.root.parent / f"source-{step}"
     source.write_bytes(data)
-    key = artifacts.checkpoint_key(JOB, f"step-{step}.pt")
+    key = layout.checkpoint_key(JOB, f"step-{step}.pt")
     sha256 = checkpoints.sha256_of(source)
     bucket.put(key, source, sha256)
     return key, sha256

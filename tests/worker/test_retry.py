@@ -1,6 +1,6 @@
 """POST /jobs/{id}/retry with a real worker: a job that failed on a full disk resumes from its
 last verified checkpoint on the same step axis once space is freed; a job with no
-checkpoint starts over and says so; only failed or cancelled jobs can be retried.
+checkpoint starts over and says so; only failed, cancelled or pruned jobs can be retried.
 
 The worker's ARTIFACT_DIR is a real tmpfs mounted for the module (the tests run as root),
 filled so that the job's first checkpoint fits and its second does not.
@@ -21,12 +21,10 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from core import artifacts, jobs
 from core.db.session import session_scope
-from tests.api.helpers import make_key
-from tests.worker.support import (
+from tests.helpers import (
     LOG_EVERY,
-    Service,
     checkpoint_rows,
-    make_settings,
+    make_key,
     messages,
     metric_counts,
     metric_steps,
@@ -34,6 +32,7 @@ from tests.worker.support import (
     train_spec,
     wait_status,
 )
+from tests.services import Service, make_settings
 from training import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -102,7 +101,8 @@ def test_a_job_failed_on_a_full_disk_resumes_from_its_last_checkpoint(
     assert answer["job"]["status"] in ("queued", "running")
     again = client.post(f"/api/v1/jobs/{job_id}/retry")
     assert again.status_code == 409
-    assert "only a failed or cancelled job can be retried" in again.json()["error"]["message"]
+    refused = again.json()["error"]["message"]
+    assert "only a failed, cancelled or pruned job can be retried" in refused
 
     done = wait_status(url, job_id, "succeeded", timeout=180)
     total = 3 * STEPS_PER_EPOCH
@@ -121,7 +121,9 @@ def test_a_job_without_a_checkpoint_starts_over_and_says_so(
     service: Service, client: TestClient
 ) -> None:
     with session_scope(service.url) as session:  # queued, never sent to the broker
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=service.settings, spec=train_spec(epochs=1), max_attempts=3
+        ).id
     assert client.post(f"/api/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
     retried = client.post(f"/api/v1/jobs/{job_id}/retry")
     assert retried.status_code == 202, retried.text

@@ -16,19 +16,8 @@ from core.db.session import session_scope
 from core.db.tables import Worker
 from core.kinds import TrainJobSpec
 from core.queue import QUEUE
-from tests.worker.support import (
-    BIN,
-    LEASE_SECONDS,
-    Service,
-    job,
-    make_settings,
-    messages,
-    recipe,
-    service_env,
-    submit,
-    wait_for,
-    wait_status,
-)
+from tests.helpers import job, messages, recipe, submit, wait_for, wait_status
+from tests.services import BIN, LEASE_SECONDS, Service, make_settings, service_env
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +111,7 @@ def test_a_killed_worker_turns_lost_and_stopped_ones_leave(cpu_worker: Service) 
     url = cpu_worker.url
     cpu_worker.workers["cpu"].kill_all()
     lost = lambda: _registered(url)["cpu"].state == "lost"  # noqa: E731
-    wait_for(lost, workers.LOST_AFTER_LEASES * LEASE_SECONDS + 15, "the worker to be lost")
+    wait_for(lost, workers.WORKER_LOST_AFTER_LEASES * LEASE_SECONDS + 15, "the worker to be lost")
     cpu_worker.start("cpu2")
     started = wait_for(lambda: _registered(url).get("cpu2"), 30, "cpu2 to register")
     assert started.state == "alive"

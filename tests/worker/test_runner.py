@@ -16,8 +16,7 @@ from core import artifacts, jobs
 from core.db.session import session_scope
 from core.db.tables import Job
 from core.settings import Settings
-from tests.api.helpers import queued_ids
-from tests.worker.support import job, messages, train_spec
+from tests.helpers import job, messages, queued_ids, train_spec
 from training import checkpoints
 from training.checkpoints import CheckpointInfo
 from training.events import RecordingSink
@@ -119,7 +118,9 @@ def test_summaries_become_json_safe_and_failures_one_line() -> None:
 def _claimed(url: str) -> tuple[Settings, jobs.Claim]:
     settings = Settings(database_url=url, lease_seconds=60, heartbeat_seconds=1.0)
     with session_scope(url) as session:
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=settings, spec=train_spec(epochs=1), max_attempts=3
+        ).id
     with session_scope(url) as session:
         claim = jobs.claim(
             session=session, job_id=job_id, worker="w", device="cpu", lease_seconds=60
@@ -179,7 +180,9 @@ def test_a_folder_an_earlier_owner_still_holds_hands_the_job_back(
 ) -> None:
     quick = settings.model_copy(update={"lease_seconds": 5})  # the fence waits a lease
     with session_scope(quick.database_url) as session:
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=quick, spec=train_spec(epochs=1), max_attempts=3
+        ).id
     folder = artifacts.job_dir(quick, job_id) / checkpoints.DIRECTORY
     folder.mkdir(parents=True)
     with (folder / checkpoints.LOCK_FILE).open("a") as lock:

@@ -21,10 +21,8 @@ from core import jobs
 from core.db.session import session_scope
 from core.db.tables import Job, Metric, utcnow
 from core.kinds import EvaluateJobSpec
-from tests.worker.support import (
-    LEASE_SECONDS,
+from tests.helpers import (
     LOG_EVERY,
-    Service,
     checkpoint_rows,
     job,
     job_pid,
@@ -36,6 +34,7 @@ from tests.worker.support import (
     wait_for,
     wait_status,
 )
+from tests.services import LEASE_SECONDS, Service
 from training.checkpoints import sha256_of
 
 pytestmark = pytest.mark.slow
@@ -208,7 +207,9 @@ def test_a_worker_that_lost_its_lease_stops_without_writing(service: Service) ->
 def test_a_job_whose_lease_keeps_expiring_gives_up(service: Service) -> None:
     url = service.url
     with session_scope(url) as session:
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=1).id
+        job_id = jobs.create(
+            session=session, settings=service.settings, spec=train_spec(epochs=1), max_attempts=1
+        ).id
     # Attempt 1 by a worker that dies at once: its lease is already over.
     with session_scope(url) as session:
         claim = jobs.claim(
@@ -225,7 +226,9 @@ def test_a_job_whose_lease_keeps_expiring_gives_up(service: Service) -> None:
 def test_a_queued_job_whose_message_was_lost_is_re_enqueued(service: Service) -> None:
     url = service.url
     with session_scope(url) as session:
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=service.settings, spec=train_spec(epochs=1), max_attempts=3
+        ).id
     _age(url, job_id, seconds=3 * LEASE_SECONDS)  # committed long ago, never enqueued
 
     done = wait_status(url, job_id, "succeeded", timeout=30)
@@ -236,7 +239,9 @@ def test_a_queued_job_whose_message_was_lost_is_re_enqueued(service: Service) ->
 def test_a_cancelled_job_whose_worker_died_ends_cancelled(service: Service) -> None:
     url = service.url
     with session_scope(url) as session:
-        job_id = jobs.create(session=session, spec=train_spec(epochs=1), max_attempts=3).id
+        job_id = jobs.create(
+            session=session, settings=service.settings, spec=train_spec(epochs=1), max_attempts=3
+        ).id
     with session_scope(url) as session:
         jobs.claim(session=session, job_id=job_id, worker="ghost", device="cpu", lease_seconds=-1)
         jobs.request_cancel(session=session, job_id=job_id)

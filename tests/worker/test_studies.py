@@ -12,7 +12,8 @@ from core.db.session import session_scope
 from core.db.tables import Job
 from core.studies import results
 from core.studies import service as studies
-from tests.worker.support import Service, recipe, wait_for
+from tests.helpers import recipe, wait_for
+from tests.services import Service
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,11 @@ def test_a_study_runs_one_job_at_a_time_to_its_results(service: Service) -> None
         max_parallel=1,
     )
     with session_scope(url) as session:
-        study = studies.create(session=session, request=request, max_jobs=10, max_attempts=3)
+        study = studies.create(
+            session=session, settings=settings, request=request, max_jobs=10, max_attempts=3
+        )
         study_id = study.id
-        released = studies.release(session=session, study_id=study_id)
+        released = studies.release(session=session, settings=settings, study_id=study_id)
     assert len(released) == 1
     for job_id in released:
         queue.enqueue(job_id, settings=settings)
