@@ -31,8 +31,11 @@ from cli.train_options import (
     train_spec,
 )
 from client import ApiError, Client, ServiceUnreachableError
-from client.api import RECONNECTS, ExportFormat
+from client.api import RECONNECTS
+from client.filters import JobFilter
 from client.models import ImagePrediction
+from client.wire import ExportFormat
+from core.settings import get_settings
 
 Url = Annotated[
     str | None, typer.Option("--url", help="The service; default: RESNET_URL or 127.0.0.1:8000.")
@@ -43,8 +46,9 @@ Key = Annotated[str | None, typer.Option("--key", help="API key; default: RESNET
 @contextmanager
 def connect(url: str | None, key: str | None) -> Iterator[Client]:
     """The service's client; a refusal is printed and exits 2 (invalid, 422) or 1."""
+    settings = get_settings()  # RESNET_URL and RESNET_KEY, from the environment or .env
     try:
-        with Client(url, key) as client:
+        with Client(url or settings.client_url, key or settings.client_key) as client:
             yield client
     except ApiError as error:
         typer.echo(f"error: {error.message}", err=True)
@@ -147,14 +151,16 @@ def list_jobs(
     key: Key = None,
 ) -> None:
     """The service's jobs as a table, newest first (or as CSV with --csv)."""
-    search: dict[str, Any] = {"status": status or [], "model": model, "dataset": dataset}
     digest = [f"data_digest={data_digest}"] if data_digest else []
-    search |= {"tag": tag or [], "filters": [*(where or []), *digest], "sort": sort}
+    search = JobFilter.asked(
+        {"status": status, "model": model, "dataset": dataset, "tag": tag, "sort": sort}
+        | {"filter": [*(where or []), *digest]}
+    )
     with connect(url, key) as client:
         if as_csv:
-            typer.echo(client.jobs_csv(columns=columns or [], **search), nl=False)
+            typer.echo(client.jobs_csv(search, columns=columns or []), nl=False)
             return
-        page = client.jobs_page(limit=limit, **search)
+        page = client.jobs_page(search, limit=limit)
     table = Table(title=f"jobs ({sort})")
     for column in (
         "id",

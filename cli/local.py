@@ -29,6 +29,7 @@ from cli.train_options import (
 )
 from core.settings import get_settings
 from training import distributed, runs
+from training.options import RunOptions
 from training.specs import DatasetSpec, TrainSpec
 from training.views import View
 
@@ -155,18 +156,18 @@ def train(
         meet = distributed.Rendezvous(master_addr, master_port, nnodes, node_rank)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--nnodes/--master-port") from error
-    arguments: dict[str, Any] = {
-        "data_root": data_root or settings.data_dir,
-        "out_dir": out,
-        "device": torch.device(device) if device else None,
-        "download": settings.allow_downloads,
-        "resume": resume,
-    }
+    options = RunOptions(
+        out_dir=out,
+        data_root=data_root or settings.data_dir,
+        device=torch.device(device) if device else None,
+        download=settings.allow_downloads,
+        resume=resume,
+    )
     with ProgressSink(out, console) as sink:
         if nproc * nnodes > 1:
-            summary = distributed.train(spec, nproc=nproc, rendezvous=meet, sink=sink, **arguments)
+            summary = distributed.train(spec, options, sink, nproc=nproc, rendezvous=meet)
         else:
-            summary = runs.train(spec, sink=sink, **arguments)
+            summary = runs.train(spec, options, sink)
     if node_rank > 0:
         console.print(f"node {node_rank}: its ranks are done; node 0 holds the run folder")
         return

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -58,11 +58,9 @@ def worker(
     --gpus, one such worker per GPU (or per group of --gpus-per-worker GPUs), supervised."""
     if gpus is not None and group is None:
         raise typer.Exit(supervise_workers(gpus, gpus_per_worker, name, loglevel))
-    if device or group is not None:
-        # worker.tasks reads the settings once, at import; the device is one of them.
-        os.environ["DEVICE"] = device or "cuda:0"
-        get_settings.cache_clear()
     settings = get_settings()
+    if device or group is not None:
+        settings = settings.model_copy(update={"device": device or "cuda:0"})
     try:
         schema.check_current(settings.database_url)
     except schema.SchemaOutdated as error:
@@ -74,10 +72,9 @@ def worker(
         # (a group's GPUs were checked by the command that started it).
         typer.echo(f"error: device {owned[0]} is asked for, but no GPU is visible", err=True)
         raise typer.Exit(1)
-    from worker import presence
-    from worker.tasks import app as celery
+    from worker.tasks import create_worker_app
 
-    presence.DEVICES[:] = owned
+    celery = create_worker_app(settings, owned)
     queues = resources.queues_served(sum(d.startswith("cuda") for d in owned))
     # app.start, unlike worker_main, hands back the worker's exit status.
     raise typer.Exit(celery.start(worker_argv(name, loglevel, queues)) or 0)
@@ -197,14 +194,13 @@ def up(
     device: Annotated[str | None, typer.Option(help="The worker's device.")] = None,
 ) -> None:
     """Everything in one command: migrate, one worker and the API (SQLite by default)."""
-    # The children inherit the environment; this process reads its settings from it too.
-    os.environ.update(embedded_environment(get_settings(), host))
-    get_settings.cache_clear()
-    settings = get_settings()
+    embedded = embedded_environment(get_settings(), host)
+    # The children read their settings from this environment; this process, the same.
+    env = {**os.environ, **embedded}
+    chosen: dict[str, Any] = {key.lower(): value for key, value in embedded.items()}
+    settings = Settings(**chosen)
     _announce(settings, host, port)
-    Path("var").mkdir(exist_ok=True)
-    schema.upgrade(settings.database_url)
-    env = dict(os.environ)
+    open_embedded(Path("var"), settings)
     children = {
         "worker": _spawn(
             ["worker", *(["--device", device] if device else [])], env, signal.SIGQUIT
@@ -217,17 +213,28 @@ def up(
 def embedded_environment(settings: Settings, host: str) -> dict[str, str]:
     """What `up` sets for its children: ./var for whatever is not configured; auth on loopback."""
     var = Path("var").resolve()
-    defaults = {
-        "database_url": f"sqlite:///{var / 'resnet.db'}",
-        "broker_url": f"sqla+sqlite:///{var / 'broker.db'}",
-        "artifact_dir": str(var / "artifacts"),
-        "data_dir": str(var / "data"),
-    }
+    defaults = {**embedded_places(var), "data_dir": str(var / "data")}
     chosen = settings.model_fields_set
     env = {key.upper(): value for key, value in defaults.items() if key not in chosen}
     if host in LOOPBACK and "auth_enabled" not in chosen:
         env["AUTH_ENABLED"] = "false"
     return env
+
+
+def embedded_places(root: Path, database: str = "resnet.db") -> dict[str, str]:
+    """The settings of a service kept in the folder `root`: a SQLite database, the embedded
+    broker beside it and the artifacts (`up` in ./var, `study run --local` in its --out)."""
+    return {
+        "database_url": f"sqlite:///{root / database}",
+        "broker_url": f"sqla+sqlite:///{root / 'broker.db'}",
+        "artifact_dir": str(root / "artifacts"),
+    }
+
+
+def open_embedded(root: Path, settings: Settings) -> None:
+    """Make the folder of an embedded service and bring its database to the code's schema."""
+    root.mkdir(parents=True, exist_ok=True)
+    schema.upgrade(settings.database_url)
 
 
 def _announce(settings: Settings, host: str, port: int) -> None:

@@ -35,19 +35,21 @@ from sqlalchemy.exc import SQLAlchemyError
 from cli import figures
 from cli.client import Key, Url, connect
 from cli.formatting import pairs, percent
+from cli.server import embedded_places, open_embedded
 from cli.train_options import DatasetFields
 from client import Client, ServiceUnreachableError
 from client.api import RECONNECTS
 from client.models import Study as StudyOut
-from core.db import schema
+from client.models import StudyTrials
+from client.models import Trial as TrialOut
+from client.wire import FINAL_STATUSES
 from core.db.session import get_engine, session_scope
 from core.db.tables import Job, Study
 from core.errors import DomainError
 from core.settings import Settings, get_settings
-from core.studies import presets, results, service
+from core.studies import presets, results, search, service
 from worker.runner import execute
 
-ENDED = ("succeeded", "failed", "cancelled")  # a study's states once every job ended
 TWO_PANELS = "degradation"  # the preset drawn as 2015 Fig. 6: plain nets left, residual right
 Scale = Literal["quick", "paper"]
 PresetName = Annotated[
@@ -106,6 +108,25 @@ def run(
         typer.Option(help="With --base: AXIS=V1,V2 (repeatable), e.g. model.name=plain8,resnet8."),
     ] = None,
     max_parallel: Annotated[int, typer.Option(min=1, max=1000, help="Jobs run at once.")] = 2,
+    method: Annotated[
+        Literal["grid", "random", "tpe"],
+        typer.Option("--search", help="With --base: random or tpe search a --space instead."),
+    ] = "grid",
+    space: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --search: PATH=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+            "choice:V1,V2 (repeatable), e.g. recipe.lr=loguniform:0.01:0.5."
+        ),
+    ] = None,
+    trials: Annotated[int | None, typer.Option(min=1, help="With --search: the budget.")] = None,
+    pruner: Annotated[
+        Literal["none", "median", "asha", "hyperband"],
+        typer.Option(help="With --search: stop poor trials early at their evaluations."),
+    ] = "none",
+    objective: Annotated[
+        str, typer.Option(help="With --search: the metric minimised.")
+    ] = "val/error",
     name: Annotated[str | None, typer.Option(help="A name for the study.")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="A tag (repeatable).")] = None,
     follow: Annotated[bool, typer.Option("--watch", help="Then follow it to its end.")] = False,
@@ -117,7 +138,8 @@ def run(
     url: Url = None,
     key: Key = None,
 ) -> None:
-    """Run a study: a preset on a dataset, or --base with --grid, over seeds.
+    """Run a study: a preset on a dataset, or --base with --grid, over seeds; or --base with
+    --search random|tpe over a --space, --trials of them.
 
     On the service it prints the study's id and job count; --local --out FOLDER runs it here.
     """
@@ -129,6 +151,7 @@ def run(
         base_file=base,
         grid=grid,
         common={"seeds": seeds, "name": name, "tags": tag or [], "max_parallel": max_parallel},
+        searched=_searched(method, space, trials, pruner, objective),
     )
     if local:
         if out is None:
@@ -142,7 +165,11 @@ def run(
     with connect(url, key) as client:
         study = client.submit_study(**body)
         typer.echo(study["id"])
-        typer.echo(f"{study['counts']['total']} jobs: {len(study['cells'])} cells x {seeds} seeds")
+        if "search" in body:
+            typer.echo(f"{body['trials']} trials, {study['counts']['total']} started")
+        else:
+            cells = len(study["cells"])
+            typer.echo(f"{study['counts']['total']} jobs: {cells} cells x {seeds} seeds")
         if follow:
             _show(_watch(client, study["id"], interval), exit_unless_succeeded=True)
 
@@ -158,10 +185,13 @@ def show(
     """A study's results: per cell, errors over seeds beside the papers' number."""
     with connect(url, key) as client:
         study = _watch(client, study_id, interval) if follow else None
-        if markdown:
+        shown = study or client.study(study_id)
+        if shown["spec"].get("search"):
+            _show_search(shown, client.study_trials(study_id))
+        elif markdown:
             typer.echo(client.study_results_markdown(study_id), nl=False)
         else:
-            _show(study or client.study(study_id))
+            _show(shown)
     if study is not None and study["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -175,8 +205,10 @@ def _body(
     base_file: Path | None,
     grid: list[str] | None,
     common: dict[str, Any],
+    searched: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The study as `POST /studies` takes it: a preset on a dataset, or a base with a grid."""
+    """The study as `POST /studies` takes it: a preset on a dataset, or a base with a grid
+    or a search."""
     if (preset is None) == (base_file is None):
         raise typer.BadParameter(
             "give a PRESET, or --base FILE.json with --grid", param_hint="PRESET"
@@ -189,6 +221,8 @@ def _body(
             raise typer.BadParameter(
                 "a preset runs on a dataset, e.g. fashion_mnist", param_hint="--dataset"
             )
+        if searched:
+            raise typer.BadParameter("a search takes --base, not a preset", param_hint="--search")
         return {"preset": preset, "dataset": {"name": dataset, **fields}, "scale": scale, **common}
     assert base_file is not None
     spec = _base(base_file)
@@ -196,7 +230,62 @@ def _body(
         spec["dataset"] = {"name": dataset}
     if fields:
         spec["dataset"] = {**spec.get("dataset", {}), **fields}
+    if searched:
+        if grid:
+            raise typer.BadParameter("a search takes a --space, not a grid", param_hint="--grid")
+        return {"base": spec, "grid": {}, **common, **searched}
     return {"base": spec, "grid": _grid(grid or []), **common}
+
+
+def _searched(
+    method: str, space: list[str] | None, trials: int | None, pruner: str, objective: str
+) -> dict[str, Any] | None:
+    """A search's fields of `POST /studies`, or None for a grid (and no search option)."""
+    if method == "grid":
+        if space or trials is not None or pruner != "none":
+            raise typer.BadParameter(
+                "--space, --trials and --pruner need --search random or tpe", param_hint="--search"
+            )
+        return None
+    if not space or trials is None:
+        raise typer.BadParameter(
+            f"--search {method} needs --space and --trials", param_hint="--space"
+        )
+    parsed = dict(_parameter(item) for item in space)
+    return {
+        "search": method,
+        "space": parsed,
+        "trials": trials,
+        "pruner": pruner,
+        "objective": objective,
+    }
+
+
+def _parameter(item: str) -> tuple[str, dict[str, Any]]:
+    """`PATH=TYPE:...` to a space's parameter: loguniform:LOW:HIGH, uniform:LOW:HIGH,
+    int:LOW:HIGH[:STEP] or choice:V1,V2 (each value JSON when it parses, else text)."""
+    path, sep, rest = item.partition("=")
+    kind, _, args = rest.partition(":")
+    hint = "--space"
+    if not sep or not path or not args:
+        raise typer.BadParameter(f"expected PATH=TYPE:..., got {item!r}", param_hint=hint)
+    if kind == "choice":
+        return path, {"type": "choice", "values": list(_grid([f"{path}={args}"])[path])}
+    bounds = args.split(":")
+    try:
+        numbers = [json.loads(bound) for bound in bounds]
+    except json.JSONDecodeError:
+        raise typer.BadParameter(f"{item!r}: bounds must be numbers", param_hint=hint) from None
+    if kind in ("uniform", "loguniform") and len(numbers) == 2:
+        return path, {"type": kind, "low": numbers[0], "high": numbers[1]}
+    if kind == "int" and len(numbers) in (2, 3):
+        step = {"step": numbers[2]} if len(numbers) == 3 else {}
+        return path, {"type": "int", "low": numbers[0], "high": numbers[1], **step}
+    raise typer.BadParameter(
+        f"{item!r}: expected loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH[:STEP] or "
+        "choice:V1,V2",
+        param_hint=hint,
+    )
 
 
 def _base(path: Path) -> dict[str, Any]:
@@ -250,7 +339,7 @@ def _watch(client: Client, study_id: str, interval: float) -> StudyOut:
                 line += f", {counts['failed']} failed" if counts["failed"] else ""
                 progress.update(task, description=line, completed=counts["done"])
                 progress.update(task, total=counts["total"])
-                if study["state"] in ENDED:
+                if study["state"] in FINAL_STATUSES:  # a study's states once every job ended
                     return study
                 time.sleep(interval)
     except KeyboardInterrupt:
@@ -280,6 +369,7 @@ def _show(study: StudyOut, *, exit_unless_succeeded: bool = False) -> None:
     title += f"{counts['done']}/{counts['total']} jobs ended"
     table = _results_table(title, list(study["spec"]["grid"]), study["cells"], study["metric"])
     _print_results(table, study["source"], study["note"])
+    _print_claims(study.get("claims", []))
     if exit_unless_succeeded and study["state"] != "succeeded":
         raise typer.Exit(1)
 
@@ -337,17 +427,10 @@ def _run_local(
 ) -> None:
     """The whole study here: a SQLite database in `out`, its jobs one after another, then its
     results and figure beside it."""
-    out.mkdir(parents=True, exist_ok=True)
-    root = out.resolve()
-    settings = Settings(
-        database_url=f"sqlite:///{root / 'study.db'}",
-        # Never used: every job is released at once below, so none waits to be enqueued.
-        broker_url=f"sqla+sqlite:///{root / 'broker.db'}",
-        artifact_dir=root / "artifacts",
-        data_dir=data_root or get_settings().data_dir,
-        device=device,
-    )
-    schema.upgrade(settings.database_url)
+    # Its broker is never used: every job is released at once below, so none waits on it.
+    places: dict[str, Any] = embedded_places(out.resolve(), "study.db")
+    settings = Settings(**places, data_dir=data_root or get_settings().data_dir, device=device)
+    open_embedded(out, settings)
     with session_scope(settings.database_url) as session:
         if session.scalar(select(func.count()).select_from(Study)):
             raise typer.BadParameter(
@@ -360,7 +443,9 @@ def _run_local(
         raise typer.Exit(2) from error
     typer.echo(f"study {study.id}: {len(job_ids)} jobs, one at a time, in {out}")
     try:
-        _run_jobs(settings, job_ids, study_name=study.name)
+        while job_ids:  # a search asks for its next trial as each ends
+            _run_jobs(settings, job_ids, study_name=study.name)
+            job_ids = _queued(settings, study.id)
         _write_results(settings, study.id, out)
     finally:
         # Closing the last connection folds the WAL into study.db.
@@ -387,16 +472,21 @@ def _create(settings: Settings, body: dict[str, Any]) -> tuple[Study, list[uuid.
             seeds=seeds,
             name=body["name"],
             tags=tuple(body["tags"]),
+            search=_search_of(body),
         )
-    everything = dataclasses.replace(request, max_parallel=settings.max_study_jobs)
+    # A grid's every job at once; a search's trials one by one, each sampled once the
+    # previous ended (its sampler learns from them).
+    at_once = 1 if request.search is not None else settings.max_study_jobs
+    everything = dataclasses.replace(request, max_parallel=at_once)
     with session_scope(settings.database_url) as session:
         study = service.create(
             session=session,
+            settings=settings,
             request=everything,
             max_jobs=settings.max_study_jobs,
             max_attempts=settings.max_attempts,
         )
-        job_ids = service.release(session=session, study_id=study.id)
+        job_ids = service.release(session=session, settings=settings, study_id=study.id)
         study.max_parallel = 1  # what happens here: one job at a time
     return study, job_ids
 
@@ -418,6 +508,48 @@ def _run_jobs(settings: Settings, job_ids: list[uuid.UUID], *, study_name: str |
             progress.console.print(f"{label}: {job.status}, {job.error or outcome}")
             progress.advance(jobs_bar)
         progress.remove_task(steps_bar)
+
+
+def _search_of(body: dict[str, Any]) -> search.Search | None:
+    """The search a local study's body asks for, or None for a grid."""
+    if "search" not in body:
+        return None
+    fields = ("space", "trials", "pruner", "objective")
+    return search.Search(method=body["search"], **{name: body[name] for name in fields})
+
+
+def _queued(settings: Settings, study_id: uuid.UUID) -> list[uuid.UUID]:
+    """The study's queued jobs, in cell order (a search's next trial)."""
+    with session_scope(settings.database_url) as session:
+        query = select(Job.id).where(Job.study_id == study_id, Job.status == "queued")
+        return list(session.scalars(query.order_by(Job.cell)))
+
+
+def extend(
+    study_id: Annotated[str, typer.Argument(help="The study's id.")],
+    seeds: Annotated[
+        int | None, typer.Option(min=1, max=1000, help="Seeds to add to every cell.")
+    ] = None,
+    cell_seeds: Annotated[
+        list[str] | None,
+        typer.Option("--cell-seeds", help="CELL=N: seeds to add to one cell (repeatable)."),
+    ] = None,
+    trials: Annotated[int | None, typer.Option(min=1, help="Trials to add to a search.")] = None,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Add seeds to every cell (--seeds) or chosen cells (--cell-seeds), or trials to a search
+    (--trials); the new jobs join the study's results."""
+    chosen = pairs(cell_seeds, "--cell-seeds")
+    if sum(bool(given) for given in (seeds, chosen, trials)) != 1:
+        raise typer.BadParameter("give one of --seeds, --cell-seeds and --trials")
+    if not all(key.isdigit() and isinstance(n, int) for key, n in chosen.items()):
+        raise typer.BadParameter("expected CELL=N, e.g. 3=4", param_hint="--cell-seeds")
+    add_seeds = {int(cell): count for cell, count in chosen.items()} if chosen else seeds
+    with connect(url, key) as client:
+        study = client.extend_study(study_id, add_seeds=add_seeds, add_trials=trials)
+    counts = study["counts"]
+    typer.echo(f"{study['id']}: {counts['total']} jobs, {counts['done']} done")
 
 
 def _job(settings: Settings, job_id: uuid.UUID) -> Job:
@@ -462,16 +594,17 @@ def _write_results(settings: Settings, study_id: uuid.UUID, out: Path) -> None:
         test = results.curves(session=session, study=study, metric="test/error")
         ended = service.state(study, service.counts(session=session, study_id=study_id))
     preset = presets.PRESETS.get(study.preset) if study.preset else None
-    title = study.name or f"{' x '.join(study.spec['grid'])} over {len(study.spec['seeds'])} seeds"
+    title = (
+        study.name or f"{' x '.join(results.axes_of(study))} over {len(study.spec['seeds'])} seeds"
+    )
     source, note = (preset.source, preset.note) if preset else ("", "")
     sections = [f"# {title}", source, results.as_markdown(study, cells).rstrip(), note]
     (out / "results.md").write_text("\n\n".join(part for part in sections if part) + "\n")
     (out / "results.csv").write_text(results.as_csv(study, cells))
     figure = figures.png(train, test, title=title, plain_and_residual=study.preset == TWO_PANELS)
     (out / "figure.png").write_bytes(figure)
-    _print_results(
-        _results_table(title, list(study.spec["grid"]), cells, study.metric), source, note
-    )
+    _print_results(_results_table(title, results.axes_of(study), cells, study.metric), source, note)
+    _print_claims(results.claims(study, cells))
     typer.echo(f"wrote {out / 'results.md'}, results.csv and figure.png")
     if ended != "succeeded":
         raise typer.Exit(1)
@@ -484,3 +617,109 @@ def _print_results(table: Table, source: str | None, note: str | None) -> None:
     for label, text in (("source", source), ("note", note)):
         if text:
             console.print(f"{label}: {text}")
+
+
+def _print_claims(claims: Sequence[Mapping[str, Any]]) -> None:
+    """The preset's claims: each ordering, its verdict, Holm-adjusted p, effect, seeds, and
+    for an open one the seeds that would settle it."""
+    if not claims:
+        return
+    table = Table(title="the papers' claims", caption=f"p: one-sided {claims[0]['test']}, Holm")
+    for column in ("claim", "verdict", "p", "effect", "n", "advice"):
+        table.add_column(column, justify="right" if column in ("p", "effect") else "left")
+    for claim in claims:
+        p, effect = claim["p"], claim["effect"]
+        table.add_row(
+            claim["claim"],
+            claim["verdict"],
+            "-" if p is None else f"{p:.3g}",
+            "-" if effect is None else f"{effect:+.2f}",
+            "{}, {}".format(*claim["n"]),
+            claim["advice"] or "",
+        )
+    _console().print(table)
+
+
+# A search study: its best trial, its top trials, importances and job-seconds by status.
+
+TOP_TRIALS = 10
+
+
+def _show_search(study: StudyOut, found: StudyTrials) -> None:
+    """Print a search's best trial, its top completed trials, the parameters' importances
+    and the job-seconds its trials took by status."""
+    console = _console()
+    search = study["spec"]["search"]
+    counts = study["counts"]
+    console.print(
+        f"{study['name'] or 'search'} {study['id'][:8]}: {study['state']}, "
+        f"{counts['done']}/{counts['total']} trials ended; {found['method']} search, "
+        f"pruner {search.get('pruner', 'none')}, {found['direction']} {found['objective']}"
+    )
+    best = found["best"]
+    if best is None:
+        console.print("best trial: none completed yet")
+    else:
+        params = ", ".join(f"{path}={_param(value)}" for path, value in best["params"].items())
+        console.print(
+            f"best trial {best['trial']}: {found['objective']} {_value(best['value'])} ({params})"
+        )
+    console.print(_top_trials(found, list(search["space"])))
+    if found["importances"]:
+        console.print(_importances(found["importances"]))
+    console.print(_job_seconds(found))
+
+
+def _top_trials(found: StudyTrials, paths: list[str]) -> Table:
+    """The best completed trials, best first, with their parameters and cost."""
+    done = [trial for trial in found["trials"] if trial["status"] == "succeeded"]
+    done = [trial for trial in done if trial["value"] is not None]
+    done.sort(key=_objective, reverse=found["direction"] == "maximize")
+    table = Table(title=f"top trials by {found['objective']}")
+    for column in ("trial", *paths, found["objective"], "best", "steps", "job-s"):
+        table.add_column(column, justify="left" if column in paths else "right")
+    for trial in done[:TOP_TRIALS]:
+        table.add_row(
+            str(trial["trial"]),
+            *(_param(trial["params"].get(path)) for path in paths),
+            _value(trial["value"]),
+            _value(trial["best_value"]),
+            str(trial["steps"]),
+            f"{trial['job_seconds']:.0f}",
+        )
+    return table
+
+
+def _objective(trial: TrialOut) -> float:
+    value = trial["value"]
+    assert value is not None  # only completed trials are sorted
+    return value
+
+
+def _importances(importances: dict[str, float]) -> Table:
+    """Each parameter's importance, most important first, with a bar."""
+    table = Table(title="parameter importances (fANOVA)")
+    table.add_column("parameter")
+    table.add_column("importance", justify="right")
+    table.add_column("")
+    for path, share in sorted(importances.items(), key=lambda item: -item[1]):
+        table.add_row(path, f"{share:.3f}", "█" * round(20 * share))
+    return table
+
+
+def _job_seconds(found: StudyTrials) -> str:
+    """Job-seconds in all and by status, and what pruning saved."""
+    spent = found["job_seconds"]
+    parts = ", ".join(f"{status} {seconds:.0f}" for status, seconds in spent["by_status"].items())
+    line = f"job-seconds: {spent['total']:.0f} in all ({parts})"
+    if spent["saved_by_pruning"]:
+        line += f"; pruning saved about {spent['saved_by_pruning']:.0f}"
+    return line
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _param(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else results.cell_label({"": value})

@@ -4,8 +4,8 @@
         job = service.submit({"kind": "train", "model": {"name": "resnet20"}, ...})
         finished = service.wait(job["id"], timeout=600)
 
-Without `url` / `key` the client takes the command line's: RESNET_URL (default
-http://127.0.0.1:8000) and RESNET_KEY.
+Without `url` / `key` the client takes them from the environment, as the command line
+does: RESNET_URL (default http://127.0.0.1:8000) and RESNET_KEY.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack, cast
 from uuid import UUID
 
 import httpx
 from pydantic import BaseModel
 
 from client.errors import ClientError, ServiceUnreachableError, raise_for
+from client.filters import JobFilter
 from client.models import (
     Alias,
     Artifact,
@@ -39,6 +40,7 @@ from client.models import (
     JobPage,
     Kind,
     MetricPoint,
+    Metrics,
     Point,
     Prediction,
     Preset,
@@ -48,26 +50,50 @@ from client.models import (
     Retried,
     Session,
     Study,
+    StudyComparisons,
     StudyItem,
+    StudyPlan,
     StudyPreview,
+    StudyTrials,
     Version,
 )
 from client.stream import parse_sse
+from client.wire import API_PREFIX, FINAL_STATUSES, ExportFormat
 
 if TYPE_CHECKING:
     import pandas
 
-API_PREFIX = "/api/v1"  # where the service's routes start (api.schemas.API_PREFIX)
+DEFAULT_URL = "http://127.0.0.1:8000"  # the service `resnet-service up` starts
 DEFAULT_TIMEOUT_S = 30.0
 IMPORT_TIMEOUT_S = 600.0  # an import sends the file, then converts and checks it
 EXPORT_TIMEOUT_S = 1800.0  # the service's own limit of an export (EXPORT_TIMEOUT_S)
 RECONNECTS = 5  # a dropped event stream is resumed this many times in a row (Last-Event-ID)
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")  # a job's, once it is over
-STUDY_ENDED = ("succeeded", "failed", "cancelled")  # a study's, once every job ended
 Image = str | Path | bytes | tuple[str, bytes]  # a file, raw bytes, or (file name, bytes)
 Spec = Mapping[str, Any] | BaseModel  # a job spec as JSON, or core.kinds' TrainJobSpec, ...
 Id = str | UUID  # a job's or a study's id
-ExportFormat = Literal["onnx", "torchscript", "torch_export"]
+
+
+class StudyFields(TypedDict, total=False):
+    """What a study asks for beside its preset: the keywords of `submit_study` and
+    `preview_study` (absent: the default named here)."""
+
+    dataset: str | Mapping[str, Any] | None  # with a preset: its dataset (a name or a spec)
+    scale: Literal["quick", "paper"]  # with a preset: "quick" (default) or "paper"
+    base: Mapping[str, Any] | None  # without a preset: the train spec the grid varies
+    grid: Mapping[str, Sequence[Any]] | None  # axis -> values
+    seeds: int | Sequence[int]  # a number of seeds (default 1) or the seeds themselves
+    name: str | None
+    tags: Sequence[str]
+    # A search instead of a grid (without a preset): its sampler, space and budget.
+    search: Literal["grid", "random", "tpe"]  # default "grid"
+    space: Mapping[str, Mapping[str, Any]]  # path -> {"type": "loguniform", "low", "high"}
+    trials: int
+    pruner: Literal["none", "median", "asha", "hyperband"]
+    objective: str  # default "val/error"
+    search_seed: int
+
+
+SEARCH_FIELDS = ("search", "space", "trials", "pruner", "objective", "search_seed")
 
 
 class Client:
@@ -81,11 +107,8 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if url is None or key is None:
-            from core.settings import get_settings  # the one place RESNET_* are read
-
-            settings = get_settings()
-            url, key = url or settings.client_url, key or settings.client_key
+        url = url or os.environ.get("RESNET_URL") or DEFAULT_URL
+        key = key or os.environ.get("RESNET_KEY")
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(
@@ -120,75 +143,50 @@ class Client:
 
     def jobs_page(
         self,
+        search: JobFilter | None = None,
         *,
-        status: Sequence[str] = (),
-        kind: str | None = None,
-        model: str | None = None,
-        family: str | None = None,
-        dataset: str | None = None,
-        tag: str | Sequence[str] = (),
-        q: str | None = None,
-        study: Id | None = None,
-        owner: Id | None = None,
-        filters: Sequence[str] = (),
-        sort: str = "-created",
         limit: int = 50,
         cursor: str | None = None,
+        **fields: Any,
     ) -> JobPage:
         """One page of jobs; pass its `next_cursor` as `cursor` for the next.
 
+        The filters are a `JobFilter`, or its fields as keywords (`status`, `kind`, `model`,
+        `family`, `dataset`, `tag`, `q`, `study`, `owner`, `sort`; `filters` for `filter`):
         `filters` are `path op value` expressions, e.g. "best_test_error<0.08",
         "model.options.unit=full_preact"; `sort` may name a summary key ("-summary.x")."""
-        params = _search(locals()) | {"limit": limit}
+        params = _asked(search, fields).params() | {"limit": limit}
         if cursor:
             params["cursor"] = cursor
         return cast(JobPage, self._json("GET", "/jobs", params=params))
 
     def jobs(
-        self,
-        *,
-        status: Sequence[str] = (),
-        kind: str | None = None,
-        model: str | None = None,
-        family: str | None = None,
-        dataset: str | None = None,
-        tag: str | Sequence[str] = (),
-        q: str | None = None,
-        study: Id | None = None,
-        owner: Id | None = None,
-        filters: Sequence[str] = (),
-        sort: str = "-created",
-        page_size: int = 50,
+        self, search: JobFilter | None = None, *, page_size: int = 50, **fields: Any
     ) -> Iterator[JobItem]:
-        """Every job that passes the filters, page after page as the iterator goes."""
-        asked = locals()
-        search = {name: asked[name] for name in _SEARCH}
+        """Every job that passes the filters (as `jobs_page` takes them), page after page as
+        the iterator goes."""
+        asked = _asked(search, fields)
         cursor: str | None = None
         while True:
-            page = self.jobs_page(**search, limit=page_size, cursor=cursor)
+            page = self.jobs_page(asked, limit=page_size, cursor=cursor)
             yield from page["items"]
             cursor = page["next_cursor"]
             if cursor is None:
                 return
 
     def jobs_csv(
-        self,
-        *,
-        filters: Sequence[str] = (),
-        sort: str = "-created",
-        columns: Sequence[str] = (),
-        **search: Any,
+        self, search: JobFilter | None = None, *, columns: Sequence[str] = (), **fields: Any
     ) -> str:
-        """Every job that passes the filters as CSV text (header row first); `columns` adds
-        spec or summary paths, e.g. "recipe.lr", "summary.best_train_error"; `search`
-        takes the other filters of `jobs` (status, model, tag, ...)."""
-        params = _search({**search, "filters": filters, "sort": sort})
+        """Every job that passes the filters (as `jobs_page` takes them) as CSV text (header
+        row first); `columns` adds spec or summary paths, e.g. "recipe.lr",
+        "summary.best_train_error"."""
+        params = _asked(search, fields).params()
         if columns:
             params["columns"] = ",".join(columns)
         return self._send("GET", "/jobs.csv", params=params).text
 
     def jobs_frame(
-        self, *, filters: Sequence[str] = (), columns: Sequence[str] = (), **search: Any
+        self, search: JobFilter | None = None, *, columns: Sequence[str] = (), **fields: Any
     ) -> pandas.DataFrame:
         """The filtered job list as a pandas DataFrame, one row per job, indexed by id."""
         try:
@@ -197,7 +195,7 @@ class Client:
             raise ImportError(
                 "jobs_frame needs pandas: pip install 'resnet-service[pandas]'"
             ) from error
-        text = self.jobs_csv(filters=filters, columns=columns, **search)
+        text = self.jobs_csv(search, columns=columns, **fields)
         frame = pandas.read_csv(io.StringIO(text), parse_dates=["created_at", "finished_at"])
         return frame.set_index("id")
 
@@ -219,7 +217,7 @@ class Client:
         return cast(Job, self._json("POST", f"/jobs/{job_id}/cancel"))
 
     def retry(self, job_id: Id) -> Retried:
-        """Queue a failed or cancelled job again (it resumes from its last checkpoint)."""
+        """Queue a failed, cancelled or pruned job again (it resumes from its last checkpoint)."""
         return cast(Retried, self._json("POST", f"/jobs/{job_id}/retry"))
 
     def delete(self, job_id: Id) -> None:
@@ -281,7 +279,7 @@ class Client:
         params: dict[str, Any] = {"max_points": max_points}
         if names:
             params["names"] = ",".join(names)
-        answer = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
+        answer = cast(Metrics, self._json("GET", f"/jobs/{job_id}/metrics", params=params))
         return {
             name: [Point(step, value) for step, value in zip(s["steps"], s["values"], strict=True)]
             for name, s in answer["series"].items()
@@ -346,35 +344,21 @@ class Client:
         self,
         preset: str | None = None,
         *,
-        dataset: str | Mapping[str, Any] | None = None,
-        scale: Literal["quick", "paper"] = "quick",
-        base: Mapping[str, Any] | None = None,
-        grid: Mapping[str, Sequence[Any]] | None = None,
-        seeds: int | Sequence[int] = 1,
-        name: str | None = None,
-        tags: Sequence[str] = (),
         max_parallel: int = 2,
         idempotency_key: str | None = None,
+        **study: Unpack[StudyFields],
     ) -> Study:
-        """Submit a study: a `preset` on a `dataset`, or a `base` train spec with a `grid`."""
-        body = _study_body(preset, dataset, scale, base, grid, seeds, name, tags, max_parallel)
+        """Submit a study: a `preset` on a `dataset`, a `base` train spec with a `grid`, or
+        a `base` with a `search` of a `space` (`StudyFields`)."""
+        body = _study_body(preset, study, max_parallel)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return cast(Study, self._json("POST", "/studies", json=body, headers=headers))
 
     def preview_study(
-        self,
-        preset: str | None = None,
-        *,
-        dataset: str | Mapping[str, Any] | None = None,
-        scale: Literal["quick", "paper"] = "quick",
-        base: Mapping[str, Any] | None = None,
-        grid: Mapping[str, Sequence[Any]] | None = None,
-        seeds: int | Sequence[int] = 1,
-        name: str | None = None,
-        tags: Sequence[str] = (),
+        self, preset: str | None = None, **study: Unpack[StudyFields]
     ) -> StudyPreview:
         """What `submit_study` would make (a dry run, nothing written): cells, job count."""
-        body = _study_body(preset, dataset, scale, base, grid, seeds, name, tags, 1)
+        body = _study_body(preset, study, 1)
         params = {"dry_run": "true"}
         return cast(StudyPreview, self._json("POST", "/studies", json=body, params=params))
 
@@ -402,6 +386,54 @@ class Client:
         """A study's results table as Markdown, errors in % the way the papers print them."""
         return self._send("GET", f"/studies/{study_id}/results.md").text
 
+    def study_trials(self, study_id: Id) -> StudyTrials:
+        """A search study's trials, best trial, best so far, importances and job-seconds
+        (a grid study answers ConflictError: its results are per cell)."""
+        return cast(StudyTrials, self._json("GET", f"/studies/{study_id}/trials"))
+
+    def study_trials_csv(self, study_id: Id) -> str:
+        """A search study's trials as CSV text."""
+        return self._send("GET", f"/studies/{study_id}/trials.csv").text
+
+    def extend_study(
+        self,
+        study_id: Id,
+        *,
+        add_seeds: int | Mapping[int, int] | None = None,
+        add_trials: int | None = None,
+    ) -> Study:
+        """Add seeds to every cell (a number) or chosen cells ({cell: seeds}), or trials to a
+        search; the new jobs join the study's results."""
+        seeds = (
+            {str(cell): count for cell, count in add_seeds.items()}
+            if isinstance(add_seeds, Mapping)
+            else add_seeds
+        )
+        body = {"add_seeds": seeds, "add_trials": add_trials}
+        return cast(Study, self._json("POST", f"/studies/{study_id}/extend", json=body))
+
+    def study_compare(
+        self,
+        study_id: Id,
+        *,
+        metric: str = "final_test_error",
+        test: str = "welch",
+        reference: int | None = None,
+        a: int | None = None,
+        b: int | None = None,
+    ) -> StudyComparisons:
+        """Cells compared on `metric`: a and b, every cell against `reference`, or every pair."""
+        given = {"metric": metric, "test": test, "reference": reference, "a": a, "b": b}
+        params = {key: value for key, value in given.items() if value is not None}
+        return cast(
+            StudyComparisons, self._json("GET", f"/studies/{study_id}/compare", params=params)
+        )
+
+    def study_plan(self, study_id: Id, *, level: float = 0.05, power: float = 0.8) -> StudyPlan:
+        """Per claim the seeds per cell that would settle it, and the body adding them."""
+        params = {"level": level, "power": power}
+        return cast(StudyPlan, self._json("GET", f"/studies/{study_id}/plan", params=params))
+
     def cancel_study(self, study_id: Id) -> Study:
         """Cancel every unfinished job of a study."""
         return cast(Study, self._json("POST", f"/studies/{study_id}/cancel"))
@@ -417,7 +449,7 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             study = self.study(study_id)
-            if study["state"] in STUDY_ENDED:
+            if study["state"] in FINAL_STATUSES:  # a study ends in the words of its jobs
                 return study
             _pause(deadline, interval, f"study {study_id} is still {study['state']}")
 
@@ -522,7 +554,7 @@ class Client:
 
     def session(self) -> Session:
         """Whether the service asks for keys, and the scopes of this client's key."""
-        return cast(Session, self._json("GET", "/session"))
+        return cast(Session, self._json("GET", "/whoami"))
 
     # -- downloads and exports ---------------------------------------------------------
 
@@ -675,23 +707,12 @@ class _Resume:
         return {} if self.since_step is None else {"since_step": self.since_step}
 
 
-# The job list's search parameters, as `Client.jobs` names them.
-_SEARCH = (
-    *("status", "kind", "model", "family", "dataset", "tag", "q", "study", "owner"),
-    *("filters", "sort"),
-)
-
-
-def _search(asked: Mapping[str, Any]) -> dict[str, Any]:
-    """The query parameters of the job list's filters and sort, leaving out what is unset."""
-    params: dict[str, Any] = {}
-    for name in _SEARCH:
-        value = asked.get(name)
-        if isinstance(value, str | UUID):
-            params["filter" if name == "filters" else name] = str(value)
-        elif value:
-            params["filter" if name == "filters" else name] = list(value)
-    return params
+def _asked(search: JobFilter | None, fields: Mapping[str, Any]) -> JobFilter:
+    """The job list's filter: `search`, with the filters named as keywords over it."""
+    given = (
+        {} if search is None else {name: getattr(search, name) for name in search.model_fields_set}
+    )
+    return JobFilter.asked({**given, **fields})
 
 
 def _attachment_name(response: httpx.Response) -> str | None:
@@ -708,33 +729,29 @@ def _spec(spec: Spec) -> Any:
     return dict(spec)
 
 
-def _study_body(
-    preset: str | None,
-    dataset: str | Mapping[str, Any] | None,
-    scale: str,
-    base: Mapping[str, Any] | None,
-    grid: Mapping[str, Sequence[Any]] | None,
-    seeds: int | Sequence[int],
-    name: str | None,
-    tags: Sequence[str],
-    max_parallel: int,
-) -> dict[str, Any]:
+def _study_body(preset: str | None, study: StudyFields, max_parallel: int) -> dict[str, Any]:
     """A study as `POST /studies` takes it."""
+    unknown = sorted(study.keys() - StudyFields.__optional_keys__)
+    if unknown:
+        raise TypeError(f"a study takes no {', '.join(unknown)}")
+    seeds = study.get("seeds", 1)
     body: dict[str, Any] = {
         "seeds": seeds if isinstance(seeds, int) else list(seeds),
-        "name": name,
-        "tags": list(tags),
+        "name": study.get("name"),
+        "tags": list(study.get("tags", ())),
         "max_parallel": max_parallel,
     }
+    dataset = study.get("dataset")
     if isinstance(dataset, str):
         dataset = {"name": dataset}
     if preset is not None:
-        return {"preset": preset, "dataset": dataset, "scale": scale, **body}
-    spec = dict(base or {})
+        return {"preset": preset, "dataset": dataset, "scale": study.get("scale", "quick"), **body}
+    spec = dict(study.get("base") or {})
     if dataset is not None:
         spec["dataset"] = dict(dataset)
-    grid_lists = {axis: list(values) for axis, values in (grid or {}).items()}
-    return {"base": spec, "grid": grid_lists, **body}
+    grid_lists = {axis: list(values) for axis, values in (study.get("grid") or {}).items()}
+    searched = {name: study[name] for name in SEARCH_FIELDS if name in study}  # type: ignore[literal-required]
+    return {"base": spec, "grid": grid_lists, **body, **searched}
 
 
 def _points(data: Mapping[str, Any]) -> Iterator[MetricPoint]:

@@ -1,8 +1,10 @@
 """The service's refusals as exceptions: one class per HTTP status, all `ApiError`s.
 
-Every error answer of the API has the shape `{"error": {"code", "message", "details"}}`;
-`raise_for` turns one into the exception of its status. A service that cannot be reached
-(refused connection, timeout, dropped stream) is a `ServiceUnreachableError`.
+Every error answer of the API has the shape `{"error": {"code", "message", "details"}}`
+(`client.models.ErrorOut`); `raise_for` turns one into the exception of its status, which
+`BY_STATUS` holds: each subclass names its status once, `class X(ApiError, status=N)`.
+A service that cannot be reached (refused connection, timeout, dropped stream) is a
+`ServiceUnreachableError`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from client.models import ErrorDetail
+from client.models import ErrorBody, ErrorDetail, ErrorOut
 
 
 class ClientError(Exception):
@@ -27,10 +29,20 @@ class ServiceUnreachableError(ClientError):
         self.reason = reason
 
 
+# Each status's exception class: every `ApiError` subclass that names a status is here.
+BY_STATUS: dict[int, type[ApiError]] = {}
+
+
 class ApiError(ClientError):
     """An error answer: its HTTP status and the API's code, message and details."""
 
     status_code: ClassVar[int | None] = None  # the status of the subclass; None: any other
+
+    def __init_subclass__(cls, *, status: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status_code = status
+            BY_STATUS[status] = cls
 
     def __init__(
         self, status: int, code: str, message: str, details: list[ErrorDetail] | None = None
@@ -43,46 +55,6 @@ class ApiError(ClientError):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.code!r}, {self.message!r})"
-
-
-class BadRequestError(ApiError):
-    status_code = 400
-
-
-class UnauthorizedError(ApiError):
-    """No API key, or one that is unknown or revoked."""
-
-    status_code = 401
-
-
-class ForbiddenError(ApiError):
-    """The key lacks the scope, or the resource belongs to another key."""
-
-    status_code = 403
-
-
-class NotFoundError(ApiError):
-    status_code = 404
-
-
-class ConflictError(ApiError):
-    """The resource is in a state that forbids the request (say, deleting a running job)."""
-
-    status_code = 409
-
-
-class TooLargeError(ApiError):
-    status_code = 413
-
-
-class UnsupportedMediaError(ApiError):
-    status_code = 415
-
-
-class InvalidError(ApiError):
-    """The request's fields are invalid; `details` names each one (`loc`, `msg`)."""
-
-    status_code = 422
 
 
 class RetryLaterError(ApiError):
@@ -101,39 +73,48 @@ class RetryLaterError(ApiError):
         self.retry_after = retry_after
 
 
-class RateLimitedError(RetryLaterError):
-    status_code = 429
+class BadRequestError(ApiError, status=400):
+    """The request could not be used as sent (say, a file that is no image)."""
 
 
-class ServerError(ApiError):
+class UnauthorizedError(ApiError, status=401):
+    """No API key, or one that is unknown or revoked."""
+
+
+class ForbiddenError(ApiError, status=403):
+    """The key lacks the scope, or the resource belongs to another key."""
+
+
+class NotFoundError(ApiError, status=404):
+    """No job, study, model, version or file of that name or id."""
+
+
+class ConflictError(ApiError, status=409):
+    """The resource is in a state that forbids the request (say, deleting a running job)."""
+
+
+class TooLargeError(ApiError, status=413):
+    """The body, a file or an image is over the service's limit."""
+
+
+class UnsupportedMediaError(ApiError, status=415):
+    """The body or a file is of a type the route does not take."""
+
+
+class InvalidError(ApiError, status=422):
+    """The request's fields are invalid; `details` names each one (`loc`, `msg`)."""
+
+
+class RateLimitedError(RetryLaterError, status=429):
+    """The key (or address) sent more than its limit allows; try again after `retry_after`."""
+
+
+class ServerError(ApiError, status=500):
     """The service failed where the request was not at fault."""
 
-    status_code = 500
 
-
-class OverloadedError(RetryLaterError):
+class OverloadedError(RetryLaterError, status=503):
     """The service (a model's queue, the database, the artifact store) is busy or down."""
-
-    status_code = 503
-
-
-_BY_STATUS: dict[int, type[ApiError]] = {
-    cls.status_code: cls
-    for cls in (
-        BadRequestError,
-        UnauthorizedError,
-        ForbiddenError,
-        NotFoundError,
-        ConflictError,
-        TooLargeError,
-        UnsupportedMediaError,
-        InvalidError,
-        RateLimitedError,
-        ServerError,
-        OverloadedError,
-    )
-    if cls.status_code is not None
-}
 
 
 def raise_for(response: httpx.Response) -> None:
@@ -141,21 +122,25 @@ def raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
     status = response.status_code
-    code, message, details = _parsed(response)
-    cls = _BY_STATUS.get(status, ApiError)
+    error = _parsed(response)
+    cls = BY_STATUS.get(status, ApiError)
+    details = error.get("details", [])
     if issubclass(cls, RetryLaterError):
-        raise cls(status, code, message, details, retry_after=_retry_after(response))
-    raise cls(status, code, message, details)
+        retry_after = _retry_after(response)
+        raise cls(status, error["code"], error["message"], details, retry_after=retry_after)
+    raise cls(status, error["code"], error["message"], details)
 
 
-def _parsed(response: httpx.Response) -> tuple[str, str, list[ErrorDetail]]:
-    """Code, message and details of the shared error shape, or of a body without it."""
+def _parsed(response: httpx.Response) -> ErrorBody:
+    """The error of the shared shape, or one made of a body without it."""
     try:
-        error: Any = response.json()["error"]
-        return str(error["code"]), str(error["message"]), list(error.get("details") or [])
+        answer: ErrorOut = response.json()
+        error = answer["error"]
+        details = list(error.get("details") or [])
+        return {"code": str(error["code"]), "message": str(error["message"]), "details": details}
     except (ValueError, KeyError, TypeError):
         text = response.text[:500]
-        return "http_error", f"HTTP {response.status_code}: {text}", []
+        return {"code": "http_error", "message": f"HTTP {response.status_code}: {text}"}
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -1,15 +1,33 @@
 """What the service answers, as typed dictionaries (the JSON as it comes, keys checked by
-mypy), and the few values the client makes itself (points, events) as small dataclasses."""
+mypy), and the few values the client makes itself (points, events) as small dataclasses.
+
+Each typed dictionary is the service's OpenAPI schema of that answer, key for key: a key
+the service may leave out is `NotRequired`; `tests/client/test_contract.py` fails where
+the two differ."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
+
+from client.wire import ExportFormat, JobStatus
 
 
 class ErrorDetail(TypedDict):
     loc: list[str | int]
     msg: str
+
+
+class ErrorBody(TypedDict):
+    code: str
+    message: str
+    details: NotRequired[list[ErrorDetail]]
+
+
+class ErrorOut(TypedDict):
+    """The shape of every error answer."""
+
+    error: ErrorBody
 
 
 class JobProgress(TypedDict):
@@ -26,12 +44,20 @@ class JobResults(TypedDict):
     images_per_s: float | None
 
 
+class JobLinks(TypedDict):
+    self: str
+    metrics: str
+    events: str
+    checkpoints: str
+    cancel: str
+
+
 class JobItem(TypedDict):
     """A job as lists show it."""
 
     id: str
     kind: str
-    status: str
+    status: JobStatus
     name: str | None
     tags: list[str]
     note: NotRequired[str | None]
@@ -58,7 +84,7 @@ class JobItem(TypedDict):
     created_at: str
     started_at: str | None
     finished_at: str | None
-    links: dict[str, str]
+    links: JobLinks
 
 
 class Job(JobItem):
@@ -80,6 +106,17 @@ class Retried(TypedDict):
     job: Job
     resume_step: int | None
     message: str
+
+
+class Series(TypedDict):
+    steps: list[int]
+    values: list[float]
+
+
+class Metrics(TypedDict):
+    """A job's series by metric name."""
+
+    series: dict[str, Series]
 
 
 class Kind(TypedDict):
@@ -138,6 +175,7 @@ class StudyCounts(TypedDict):
     succeeded: int
     failed: int
     cancelled: int
+    pruned: int
     done: int
     total: int
 
@@ -150,6 +188,8 @@ class ErrorStats(TypedDict):
     std: float | None
     min: float | None
     max: float | None
+    median_ci: NotRequired[list[float] | None]  # 95% bootstrap interval [low, high]
+    mean_ci: NotRequired[list[float] | None]
 
 
 class CellResult(TypedDict):
@@ -195,6 +235,69 @@ class Study(StudyItem):
     note: str | None
     cells: list[CellResult]
     jobs: list[JobItem]
+    claims: NotRequired[list[ClaimResult]]  # the preset's claims judged on the seeds
+
+
+class ClaimResult(TypedDict):
+    """A claimed ordering of two cells on a metric, judged on their seeds."""
+
+    claim: str
+    verdict: Literal["reproduced", "contradicted", "inconclusive"]
+    metric: str
+    relation: Literal["<", ">"]
+    a: int
+    b: int
+    p: float | None  # one-sided, claimed direction, Holm-adjusted across the claims
+    p_opposite: float | None
+    test: str
+    p_other: float | None
+    other_test: str
+    effect: float | None
+    effect_name: str
+    difference: float | None
+    n: list[int]
+    seeds_needed: int | None
+    advice: str | None
+
+
+class CellComparison(TypedDict):
+    a: int
+    b: int
+    a_label: str
+    b_label: str
+    n: list[int]
+    difference: float | None
+    p: float | None  # two-sided, Holm-adjusted across the comparisons
+    p_raw: float | None
+    p_less: float | None
+    p_greater: float | None
+    effect: float | None
+    effect_name: str
+    lower: int | None
+
+
+class StudyComparisons(TypedDict):
+    """Cells of a study compared on one metric by one test."""
+
+    metric: str
+    test: str
+    level: float
+    reference: int | None
+    comparisons: list[CellComparison]
+
+
+class StudyExtendBody(TypedDict):
+    add_seeds: dict[str, int]
+
+
+class StudyPlan(TypedDict):
+    """Each claim's verdict and seeds needed, and the body that adds those seeds."""
+
+    level: float
+    power: float
+    test: str
+    claims: list[ClaimResult]
+    extend: StudyExtendBody
 
 
 class PreviewCell(TypedDict):
@@ -211,6 +314,86 @@ class StudyPreview(TypedDict):
     seeds: list[int]
     cells: list[PreviewCell]
     jobs: int
+
+
+# A search study's trials (`Client.study_trials`).
+
+
+class Trial(TypedDict):
+    """One trial of a search: its job, parameters, objective (last and best point), cost."""
+
+    trial: int
+    cell: int
+    job_id: str | None
+    status: str  # a job status, or pruned
+    params: dict[str, Any]
+    value: float | None
+    best_value: float | None
+    steps: int
+    job_seconds: float
+    pruned_at: int | None
+
+
+class BestTrial(TypedDict):
+    """The best completed trial and the full spec its job trained."""
+
+    trial: int
+    job_id: str | None
+    params: dict[str, Any]
+    value: float
+    spec: dict[str, Any]
+
+
+class BestSoFarPoint(TypedDict):
+    trial: int
+    value: float
+    best: float
+
+
+class ParallelAxis(TypedDict):
+    path: str
+    type: str
+    low: float | None
+    high: float | None
+    log: bool
+    choices: list[Any] | None
+
+
+class ParallelLine(TypedDict):
+    trial: int
+    params: dict[str, Any]
+    value: float
+    status: str  # succeeded, or pruned (its value: its last evaluation's)
+
+
+class Parallel(TypedDict):
+    """Parallel coordinates: an axis per parameter, a line per completed trial."""
+
+    objective: str
+    axes: list[ParallelAxis]
+    lines: list[ParallelLine]
+
+
+class JobSeconds(TypedDict):
+    """The compute a search took: in all, by status, and what pruning saved (an estimate)."""
+
+    total: float
+    by_status: dict[str, float]
+    saved_by_pruning: float
+
+
+class StudyTrials(TypedDict):
+    """A search's trials, its best trial, the best so far, importances and compute."""
+
+    method: str
+    objective: str
+    direction: Literal["minimize", "maximize"]
+    trials: list[Trial]
+    best: BestTrial | None
+    best_so_far: list[BestSoFarPoint]
+    importances: dict[str, float] | None
+    parallel: Parallel
+    job_seconds: JobSeconds
 
 
 class Preset(TypedDict):
@@ -264,7 +447,7 @@ class Export(TypedDict):
 
     model: str
     version: int
-    format: str  # onnx | torchscript | torch_export
+    format: ExportFormat
     sha256: str
     bytes: int
     max_abs_diff: float
@@ -318,12 +501,14 @@ class ImagePrediction(TypedDict):
     file: str
     resize: str | None
     top_k: list[ClassScore]
-    error: ImageError | None
+    error: NotRequired[ImageError | None]
 
 
 class Preprocessing(TypedDict):
     channels: int
-    input_size: list[int]
+    input_size: list[int]  # [height, width]
+    resize: int | None  # the shorter side before the centre crop; None: resized whole
+    interpolation: str
     mean: list[float]
     std: list[float]
 
@@ -341,7 +526,7 @@ class Prediction(TypedDict):
 
 
 class Health(TypedDict):
-    status: str
+    status: NotRequired[str]  # "ok"
 
 
 class Ready(TypedDict):

@@ -15,7 +15,7 @@ from core import jobs
 from core.db.session import session_scope
 from core.queue import QUEUE
 from core.settings import Settings, get_settings
-from tests.api.helpers import claim, finish, make_key, new_job
+from tests.helpers import claim, finish, make_key, new_job
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ from api.app import create_app
 from cli.main import app
 from client import Client
 from core.settings import Settings
-from tests.api.helpers import make_key, trained_job
+from tests.helpers import make_key, trained_job
 from tests.services import serve
 
 runner = CliRunner()

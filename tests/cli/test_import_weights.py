@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import models
 from cli.main import app
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 from tests.training.test_weights import akamaster_file
 
 runner = CliRunner()

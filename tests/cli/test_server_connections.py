@@ -23,8 +23,8 @@ import uvicorn
 from api.app import create_app
 from cli.connections import server_options
 from core.settings import Settings
+from tests.helpers import wait_for
 from tests.services import free_port
-from tests.worker.support import wait_for
 
 BIN = Path(sys.executable).parent
 HALF_OPEN = 200

@@ -21,8 +21,7 @@ from core.db.tables import Job, Study
 from core.queue import QUEUE
 from core.settings import Settings
 from core.studies import presets
-from tests.api.helpers import claim, finish, make_key
-from tests.worker.support import wait_for
+from tests.helpers import claim, finish, make_key, wait_for
 
 runner = CliRunner()
 GRID = ["--grid", "model.name=plain8,resnet8"]

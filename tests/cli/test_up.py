@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.services import free_port
-from tests.worker.support import BIN, recipe, wait_for
+from tests.helpers import recipe, wait_for
+from tests.services import BIN, free_port
 
 pytestmark = pytest.mark.slow
 

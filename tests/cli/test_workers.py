@@ -21,7 +21,8 @@ from core.db.session import session_scope
 from core.db.tables import Job, Worker
 from core.kinds import TrainJobSpec
 from core.settings import get_settings
-from tests.worker.support import make_settings, recipe, service_env, submit, wait_for, wait_status
+from tests.helpers import recipe, submit, wait_for, wait_status
+from tests.services import make_settings, service_env
 
 # A stand-in worker: says which signal ended it, as Celery's warm and cold shutdowns would.
 CHILD = """
@@ -54,9 +55,9 @@ def test_gpus_split_into_groups_and_bad_choices_say_why() -> None:
 
 
 def test_the_worker_arguments_name_the_queues_served() -> None:
-    argv = server.worker_argv("w@h", "INFO", ["train", "gpu", "gpu-2"])
-    assert "--queues=train,gpu,gpu-2" in argv
-    assert "--queues=train" in server.worker_argv("w@h", "INFO")
+    argv = server.worker_argv("w@h", "INFO", ["cpu", "gpu", "gpu-2"])
+    assert "--queues=cpu,gpu,gpu-2" in argv
+    assert "--queues=cpu" in server.worker_argv("w@h", "INFO")
 
 
 def _children(tmp_path: Path, *plans: tuple[int, int]) -> dict[str, subprocess.Popen[bytes]]:
@@ -138,7 +139,7 @@ def test_two_gpu_workers_register_run_a_cpu_job_and_stop_on_sigterm(
     assert sorted(registered) == ["w-gpu0", "w-gpu1"]
     assert [registered["w-gpu1"].devices, registered["w-gpu1"].queues] == [
         ["cuda:1"],
-        ["train", "gpu"],
+        ["cpu", "gpu"],
     ]
     assert ended[0].device == "cpu"
     assert str(ended[0].worker).split("@")[0] in registered

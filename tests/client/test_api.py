@@ -3,7 +3,6 @@ metrics, studies, the registry and predictions."""
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 import uuid
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import redis
-from PIL import Image
 
 from client import (
     Client,
@@ -29,10 +27,12 @@ from core.db.session import session_scope
 from core.kinds import TrainJobSpec
 from core.queue import QUEUE
 from core.settings import Settings
-from tests.api.helpers import TRAIN, claim, finish, make_key, new_job, trained_job
+from tests import images
+from tests.helpers import TRAIN, claim, finish, make_key, new_job, trained_job
 
 SMALL = {**TRAIN, "model": {"name": "resnet8"}, "recipe": {"epochs": 1}}
 BASE = {"model": {"name": "resnet8"}, "dataset": {"name": "digits", "validation": 0}}
+RED = images.flat_png((200, 30, 30))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_submit_read_list_cancel_delete(service: Client, queue: redis.Redis) -> 
     listed = [item["id"] for item in service.jobs(status=["queued"], tag="client")]
     assert job["id"] in listed
     with pytest.raises(ConflictError):
-        service.retry(job["id"])  # only a failed or cancelled job is retried
+        service.retry(job["id"])  # only a failed, cancelled or pruned job is retried
     assert service.cancel(job["id"])["status"] == "cancelled"
     assert service.retry(job["id"])["job"]["status"] == "queued"
     service.cancel(job["id"])
@@ -126,10 +126,12 @@ def test_health_session_and_ready(service: Client) -> None:
     assert service.ready()["checks"]["database"] == "ok"
 
 
-def _work(url: str, job_id: uuid.UUID) -> None:
-    """Play a worker: a log line and metric points, then success."""
+def _work(url: str, job_id: uuid.UUID, opened: threading.Event | None = None) -> None:
+    """Play a worker: a log line and metric points, then success; once `opened` is set (a
+    stream watching the job is open) when one is given, so that its points are new to it."""
     token = claim(url, job_id)
-    time.sleep(0.3)  # the stream is open by now: its points are new to it
+    if opened is not None:
+        opened.wait(30)  # on a timeout the test's stream lacks the points, and says so
     points = [jobs.Point("train/loss", step, 1 / step) for step in (1, 2, 3)]
     with session_scope(url) as session:
         jobs.write_metrics(session=session, job_id=job_id, token=token, points=points)
@@ -139,12 +141,17 @@ def _work(url: str, job_id: uuid.UUID) -> None:
 
 def test_events_metrics_and_wait(service: Client, settings: Settings) -> None:
     job_id = new_job(settings.database_url)
-    worker = threading.Thread(target=_work, args=(settings.database_url, job_id))
+    opened = threading.Event()
+    worker = threading.Thread(target=_work, args=(settings.database_url, job_id, opened))
     worker.start()
-    events = list(service.events(str(job_id)))
+    events = []
+    for event in service.events(str(job_id)):
+        opened.set()  # the stream's first event: the points from now on are new to it
+        events.append(event)
     worker.join(10)
     names = [event.name for event in events]
     assert names[-1] == "end"
+    assert "metrics" in names  # the points written while it was open came live
     assert events[-1].data["status"] == "succeeded"
     assert any(event.name == "log" and event.data["message"] == "ran" for event in events)
     assert service.wait(job_id, timeout=5)["status"] == "succeeded"  # a UUID does too
@@ -199,12 +206,6 @@ def test_study_preview_submit_results_cancel(service: Client, queue: redis.Redis
         service.submit_study(base=BASE, grid={"model.name": ["resnet8", "resnet9"]})
 
 
-def _png() -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 30, 30)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def test_registry_alias_and_predict(service: Client, settings: Settings, tmp_path: Path) -> None:
     job_id = str(trained_job(settings))
     assert [c["step"] for c in service.checkpoints(job_id)] == [1, 2]
@@ -218,16 +219,16 @@ def test_registry_alias_and_predict(service: Client, settings: Settings, tmp_pat
     assert [m["name"] for m in service.registry(q=name)] == [name]
 
     path = tmp_path / "red.png"
-    path.write_bytes(_png())
-    answer = service.predict([path, ("raw.png", _png())], f"{name}@production", top_k=3)
+    path.write_bytes(RED)
+    answer = service.predict([path, ("raw.png", RED)], f"{name}@production", top_k=3)
     assert answer["model"]["job_id"] == job_id
     assert [r["file"] for r in answer["results"]] == ["red.png", "raw.png"]
     assert all(len(r["top_k"]) == 3 and r["error"] is None for r in answer["results"])
-    alone, batched = service.predict(_png(), job_id, top_k=1), answer["results"][0]["top_k"][0]
+    alone, batched = service.predict(RED, job_id, top_k=1), answer["results"][0]["top_k"][0]
     assert alone["model"]["ref"] == job_id
     assert alone["results"][0]["top_k"][0]["label"] == batched["label"]
     assert alone["results"][0]["top_k"][0]["probability"] == pytest.approx(batched["probability"])
 
     service.delete_alias(name, "production")
     with pytest.raises(NotFoundError):
-        service.predict(_png(), f"{name}@production")
+        service.predict(RED, f"{name}@production")

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 import models
 from client import Client, InvalidError
 from core.settings import Settings
-from tests.api.helpers import make_key
+from tests.helpers import make_key
 from tests.training.test_weights import akamaster_file
 
 
