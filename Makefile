@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
+# The suite's modules run on this many processes (pytest-xdist; each module keeps its own
+# databases, Redis database and ports); TEST_PROCESSES=0 runs them in this one.
+TEST_PROCESSES ?= 3
 # The dashboard's scripts are checked by Biome (lint + format), pinned in package-lock.json.
 NODE_STAMP := node_modules/.installed
 BIOME := node_modules/.bin/biome
@@ -23,7 +26,7 @@ run: $(STAMP)
 	$(BIN)/resnet-service up
 
 test: $(STAMP) chromium
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The dashboard tests drive Debian's chromium (Playwright's own browser download cannot
 # work offline); install it when it is missing and apt is there, else say what is needed.

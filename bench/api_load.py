@@ -15,7 +15,7 @@ with one httpx client, after a warm-up:
   uncached (each request with another max_points, 2000..2000+N, so each is computed).
 
 The baseline, in the same run: the list (each search too) and the curves queries alone
-(`api.queries`, the code the routes call), timed with SQLAlchemy in this process, next to
+(`core.job_queries`, the code the routes call), timed with SQLAlchemy in this process, next to
 the HTTP figures.
 
     .venv/bin/python -m bench.api_load
@@ -44,8 +44,10 @@ import httpx
 import psycopg
 import redis
 
-from api import queries
 from api.schemas import JobQuery
+from client.filters import JobFilter
+from client.wire import FINAL_STATUSES
+from core import job_queries
 from core.db import schema
 from core.db.session import session_scope
 from core.kinds import TrainJobSpec
@@ -130,7 +132,7 @@ def _job_lines(count: int, rng: random.Random) -> Iterator[tuple[uuid.UUID, str,
         if (model, dataset, unit, lr) not in specs:
             specs[model, dataset, unit, lr] = _spec_json(model, dataset, unit, lr)
         created = now - timedelta(days=90 * (1 - index / count), seconds=rng.random())
-        final = status in ("succeeded", "failed", "cancelled")
+        final = status in FINAL_STATUSES
         finished = (created + timedelta(hours=rng.uniform(0.1, 12))).isoformat() if final else r"\N"
         best = round(rng.uniform(0.04, 0.3), 4)
         summary = _summary(rng, best) if status == "succeeded" else r"\N"
@@ -290,17 +292,17 @@ def measure(seeded: Seeded, base: str, repeats: int) -> dict[str, list[float]]:
                 lambda: _ok(client.get(curves, params={"max_points": next(widths)}), 200), repeats
             ),
         }
-    filters = queries.JobFilter(statuses=["succeeded"], model="resnet56")
+    filters = JobFilter(status=["succeeded"], model="resnet56")
 
     def bare_list() -> None:
         with session_scope(seeded.url) as session:
-            queries.list_jobs(
-                session=session, filters=filters, sort="-created", limit=50, cursor=None
-            )
+            job_queries.list_jobs(session=session, filters=filters, limit=50)
 
     def bare_curves() -> None:
         with session_scope(seeded.url) as session:
-            queries.metric_series(session=session, job_id=seeded.big_job, names=[], max_points=2000)
+            job_queries.metric_series(
+                session=session, job_id=seeded.big_job, names=[], max_points=2000
+            )
 
     results["list (query)"] = timed(bare_list, repeats)
     for name, query in SEARCHES.items():
@@ -310,16 +312,14 @@ def measure(seeded: Seeded, base: str, repeats: int) -> dict[str, list[float]]:
 
 
 def _bare_search(url: str, query: dict[str, str]) -> Callable[[], object]:
-    """The list query of a search alone, as the route runs it (`api.queries`)."""
+    """The list query of a search alone, as the route runs it (`core.job_queries`)."""
     listed = {"status", "filter", "tag"}  # repeatable in a query string
     params = JobQuery.model_validate({k: [v] if k in listed else v for k, v in query.items()})
-    filters = queries.JobFilter(statuses=params.status, where=params.conditions())
+    filters = JobFilter(status=params.status, filter=params.filter, sort=params.sort)
 
     def call() -> object:
         with session_scope(url) as session:
-            return queries.list_jobs(
-                session=session, filters=filters, sort=params.sort, limit=50, cursor=None
-            )
+            return job_queries.list_jobs(session=session, filters=filters, limit=50)
 
     return call
 

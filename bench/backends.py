@@ -5,7 +5,7 @@ Makes the ResNet-20 checkpoint of `bench.predict_load` (one training step on syn
 for each backend (PREDICT_BACKEND=torch: the folded PyTorch net; onnxruntime: that net
 exported to ONNX in memory, run by ONNX Runtime on the CPU):
 
-- the bare forward pass in this process (`api.model_process.forward_for`, uint8 images in,
+- the bare forward pass in this process (`serving.process.forward_for`, uint8 images in,
   probabilities out, on the intra-op threads a model process gets) at batch 1, 8 and 64:
   ms per forward, best of 5 rounds;
 - the API served by uvicorn in a subprocess (auth off, micro-batching on, one model
@@ -32,11 +32,11 @@ from pathlib import Path
 import httpx
 import torch
 
-from api.model_process import forward_for, threads_for
 from bench.api_load import bench_database, own_redis_db
 from bench.predict_load import Load, api_server, make_checkpoint, sample_png, wrk
 from core import model_registry
 from core.db.session import get_engine, session_scope
+from serving.process import forward_for, threads_for
 from training.predictor import Predictor
 
 BACKENDS = ("torch", "onnxruntime")

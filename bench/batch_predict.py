@@ -25,6 +25,7 @@ from training.checkpoints import BEST, DIRECTORY, sha256_of
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.predictor import Predictor
 from training.specs import SyntheticSpec, TrainSpec
 
@@ -40,7 +41,8 @@ def _checkpoint(model: str, images: int, folder: Path) -> Path:
             "recipe": {"iterations": 2, "batch_size": 32, "checkpoint_every": 2},
         }
     )
-    fit(spec, load_dataset(spec.dataset, data_root=folder), out_dir=folder, sink=RecordingSink())
+    data = load_dataset(spec.dataset, data_root=folder)
+    fit(spec, data, RunOptions(out_dir=folder), RecordingSink())
     return folder / DIRECTORY / BEST
 
 

@@ -22,8 +22,10 @@ import torch
 from bench.train_throughput import bare_loop
 from training.data import LoadedDataset, TensorSplit
 from training.datasets import load_dataset
+from training.devices import default_device
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.pipeline import Augmentation, make_batches
 from training.specs import ImageFolderSpec, TrainSpec
 
@@ -79,7 +81,7 @@ def one_epoch(
         }
     )
     with tempfile.TemporaryDirectory() as tmp:
-        summary = fit(spec, data, out_dir=Path(tmp), sink=RecordingSink(), device=device)
+        summary = fit(spec, data, RunOptions(out_dir=Path(tmp), device=device), RecordingSink())
     return {
         "images_per_s": summary["images_per_s"] or 0.0,
         "wall_time_s": summary["wall_time_s"],
@@ -91,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archive", type=Path, default=Path("../shared/data/cifar10-jpeg.tar.gz"))
     parser.add_argument("--models", nargs="+", default=["resnet20", "resnet56", "resnet110"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=str(default_device()))
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--train-limit", type=int, default=None)

@@ -33,7 +33,7 @@ import httpx
 
 from core.db import schema
 from core.settings import Settings
-from tests.api.helpers import trained_job
+from tests.helpers import trained_job
 from tests.services import claimed_redis_db, free_port
 
 SAMPLE_S = 0.05

@@ -31,7 +31,9 @@ from PIL import Image
 
 from bench import data_pipeline
 from training import runs, weights
+from training.devices import default_device
 from training.events import RecordingSink
+from training.options import RunOptions
 from training.specs import TrainSpec
 
 CLASSES = 5
@@ -106,9 +108,8 @@ def fine_tune(args: argparse.Namespace, device: torch.device, folder: Path) -> d
         }
     )
     started = time.perf_counter()
-    summary = runs.train(
-        spec, data_root=folder, out_dir=folder / "run", sink=RecordingSink(), device=device
-    )
+    options = RunOptions(out_dir=folder / "run", data_root=folder, device=device)
+    summary = runs.train(spec, options, RecordingSink())
     summary["wall_s"] = time.perf_counter() - started
     return summary
 
@@ -116,7 +117,7 @@ def fine_tune(args: argparse.Namespace, device: torch.device, folder: Path) -> d
 def main(argv: list[str] | None = None) -> None:
     """Run both parts and print their figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default = "cuda" if torch.cuda.is_available() else "cpu"
+    default = str(default_device())
     parser.add_argument("--device", default=default)
     parser.add_argument("--quick", action="store_true", help="small photos and counts (CPU)")
     parser.add_argument("--photos", type=int, default=2000, help="photos of part (1)")

@@ -60,16 +60,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from api.model_process import BACKENDS, backend_for, forward_for
 from bench.api_load import bench_database, own_redis_db
 from core import jobs, keys, model_registry
 from core.db.session import get_engine, session_scope
 from core.kinds import TrainJobSpec
+from core.settings import Settings
+from serving.process import BACKENDS, backend_for, forward_for
 from tests.services import free_port
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.predictor import Predictor
 from training.specs import TrainSpec
 
@@ -187,7 +189,9 @@ def make_checkpoint(url: str, artifacts: Path) -> None:
     """A ResNet-20 checkpoint of a succeeded job, registered as `bench` (version 1)."""
     spec = TrainJobSpec.model_validate({**SPEC, "kind": "train"})
     with session_scope(url) as session:
-        job_id = jobs.create(session=session, spec=spec, max_attempts=1).id
+        job_id = jobs.create(
+            session=session, settings=Settings(database_url=url), spec=spec, max_attempts=1
+        ).id
     with session_scope(url) as session:
         held = jobs.claim(
             session=session, job_id=job_id, worker="bench", device="cpu", lease_seconds=600
@@ -195,7 +199,7 @@ def make_checkpoint(url: str, artifacts: Path) -> None:
     assert held is not None
     out = artifacts / "jobs" / str(job_id)
     train = TrainSpec.model_validate(SPEC)
-    fit(train, load_dataset(train.dataset, data_root=out), out_dir=out, sink=RecordingSink())
+    fit(train, load_dataset(train.dataset, data_root=out), RunOptions(out_dir=out), RecordingSink())
     best = out / "checkpoints" / checkpoints.BEST
     with session_scope(url) as session:
         jobs.record_checkpoint(
@@ -333,7 +337,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def model_processes(api_pid: int) -> list[int]:
-    """The API process's children that serve models (`python -m api.model_process`)."""
+    """The API process's children that serve models (`python -m serving.process`)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -343,7 +347,7 @@ def model_processes(api_pid: int) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue  # it exited meanwhile
-        if parent == api_pid and b"api.model_process" in command:
+        if parent == api_pid and b"serving.process" in command:
             found.append(int(entry.name))
     return found
 

@@ -25,6 +25,7 @@ import models
 from training.data import DatasetInfo, LoadedDataset, TensorSplit, empty_split
 from training.events import RecordingSink
 from training.loop import fit
+from training.options import RunOptions
 from training.recipe import default_channels_last
 from training.specs import TrainSpec
 
@@ -124,7 +125,7 @@ def engine(
     )
     sink = RecordingSink()
     with tempfile.TemporaryDirectory() as tmp:
-        summary = fit(spec, data, out_dir=Path(tmp), sink=sink, device=torch.device("cpu"))
+        summary = fit(spec, data, RunOptions(out_dir=Path(tmp), device=torch.device("cpu")), sink)
     rates = [value for _, value in sink.series("images_per_s")][1:]
     # Windows of equal length: the mean rate is images over total seconds.
     return len(rates) / sum(1 / r for r in rates), summary["channels_last"]

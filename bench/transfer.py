@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 
 from training import runs
 from training.events import RecordingSink
+from training.options import RunOptions
 from training.specs import TrainSpec
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -76,7 +77,7 @@ def spec(path: str, recipe: dict[str, Any], init: dict[str, Any] | None = None) 
 def train(train_spec: TrainSpec, root: Path, out: Path) -> RecordingSink:
     """One run; its sink holds the metrics."""
     sink = RecordingSink()
-    runs.train(train_spec, data_root=root, out_dir=out, sink=sink, resume=False)
+    runs.train(train_spec, RunOptions(out_dir=out, data_root=root, resume=False), sink)
     return sink
 
 

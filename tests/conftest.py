@@ -40,7 +40,7 @@ def broker() -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def queue(broker: redis.Redis) -> redis.Redis:
-    """The broker with empty job queues (`train` is the one most tests read)."""
+    """The broker with empty job queues (`cpu` is the one most tests read)."""
     broker.delete(QUEUE, *ALL_QUEUES)
     return broker
 
@@ -65,6 +65,13 @@ def settings(
         # A model process's ONNX export takes seconds; tests/api/test_backends.py serves it.
         predict_backend="torch",
     )
+
+
+@pytest.fixture
+def local_settings(tmp_path: Path) -> Settings:
+    """The service's defaults with artifacts and data under the test's own folder, for tests
+    that reach no database or broker."""
+    return Settings(artifact_dir=tmp_path / "artifacts", data_dir=tmp_path / "data")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Test helpers shared by the prediction tests: encoded images and the engine's answer."""
+"""Images for the tests: encoded files, PNGs of one colour, a PNG whose header lies, and the
+engine's answer for a split."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def encode(image: Image.Image, fmt: str = "PNG") -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+def flat_png(colour: int | tuple[int, int, int] = 128, size: int = 8) -> bytes:
+    """A `size` x `size` PNG of one colour: grey for an int, RGB for a triple."""
+    mode = "L" if isinstance(colour, int) else "RGB"
+    return encode(Image.new(mode, (size, size), colour))
 
 
 def png_header(width: int, height: int) -> bytes:
