@@ -8,6 +8,7 @@ its `max_parallel` are *held* (queued, but not on the broker) until a running on
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -374,13 +375,8 @@ def extend(
         used[cell or 0].add(int(spec["recipe"]["seed"]))
     for index, count in wanted.items():
         values = study.cells[index]["values"]
-        fresh: list[int] = []
-        seed = 0
-        while len(fresh) < count:
-            if seed not in used[index]:
-                fresh.append(seed)
-            seed += 1
-        for new in fresh:
+        unused = itertools.filterfalse(used[index].__contains__, itertools.count())
+        for new in itertools.islice(unused, count):
             payload = grid.payload_of(
                 study.spec["base"], values, new, name=study.name, tags=list(study.tags)
             )

@@ -67,7 +67,7 @@ def _submit(client: TestClient, key: Key, **fields: Any) -> dict[str, Any]:
     return dict(answer.json())
 
 
-def _png() -> dict[str, tuple[str, bytes, str]]:
+def _image_files() -> dict[str, tuple[str, bytes, str]]:
     return {"files": ("x.png", images.flat_png(128), "image/png")}
 
 
@@ -210,10 +210,12 @@ def test_reads_owner_only_hides_anothers_studies_and_models(
     seer = key_of(settings.database_url, "predict")
     for ref, words in ((name, "is not registered"), (job_id, "does not exist")):
         refused = owner_only.post(
-            PREDICT, params={"model": ref}, files=_png(), headers=seer.headers
+            PREDICT, params={"model": ref}, files=_image_files(), headers=seer.headers
         )
         _refused(refused, 404, words)
-    served = owner_only.post(PREDICT, params={"model": name}, files=_png(), headers=admin.headers)
+    served = owner_only.post(
+        PREDICT, params={"model": name}, files=_image_files(), headers=admin.headers
+    )
     assert served.status_code == 200, served.text
     assert served.json()["model"]["name"] == name
 

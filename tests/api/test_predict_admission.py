@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from PIL import Image
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,7 +31,6 @@ from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane
 from serving.metrics import ModelMetrics
 from serving.process import ServingOptions
-from tests import images
 from tests.helpers import make_key, trained_job
 
 QUEUE = 2  # PREDICT_QUEUE_SIZE here: two requests in hand per model
@@ -60,10 +58,6 @@ def key(settings: Settings) -> str:
 def api(settings: Settings, key: str) -> Iterator[TestClient]:
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {key}"}) as client:
         yield client
-
-
-def _png() -> bytes:
-    return images.encode(Image.new("RGB", (8, 8), (90, 90, 90)))
 
 
 def test_bad_files_are_refused_before_their_model_starts(
