@@ -7,16 +7,21 @@ their evaluations, the other runs every trial to its end. Prints, as a Markdown 
 job-seconds each spent, the trials pruned, each search's best trial, and where the pruned
 search's best stands among the trials run to the end (its final objective there, its rank,
 its distance to the true best against the spread of the top trials). Runs every job in
-this process on a SQLite database of its own; the defaults fit about 15 minutes of a
-2-core CPU.
+this process on a SQLite database of its own; the defaults take about 40 s of a quiet
+2-core CPU (about 20 minutes of one loaded with a training study).
 
     .venv/bin/python -u -m bench.search_pruning --dataset digits --trials 12 \
         --shot docs/studies/search-asha-digits.png
+    .venv/bin/python -u -m bench.search_pruning --pruner median   # or hyperband
+    .venv/bin/python -u -m bench.search_pruning --method tpe --pruned-only
+
+With `--method tpe` the two searches sample by their own results, so their trials differ.
 
 `--shot` then serves the dashboard on the pruned search's database and saves its study
 page's search part (best trial, best so far, parallel coordinates, importances) as a PNG,
 through headless Chromium (`/usr/bin/chromium`, as the dashboard's tests use it);
-`--pruned-only` stops there, without the search run to the end.
+`--pruned-only` stops there, without the search run to the end, and prints the pruned
+search's spend and best trial.
 """
 
 from __future__ import annotations
@@ -45,13 +50,13 @@ SPACE = {
 
 
 def run_search(
-    root: Path, base: dict[str, Any], trials: int, pruner: str, seed: int
+    root: Path, base: dict[str, Any], trials: int, pruner: str, seed: int, method: str = "random"
 ) -> dict[str, Any]:
-    """Run a random search to its end, one trial at a time; its trials' outcomes."""
+    """Run a search to its end, one trial at a time; its trials' outcomes."""
     places: dict[str, Any] = embedded_places(root, "study.db")
     settings = Settings(**places, data_dir=get_settings().data_dir, device="cpu")
     open_embedded(root, settings)
-    found = search.Search(method="random", space=SPACE, trials=trials, pruner=pruner, seed=seed)  # type: ignore[arg-type]
+    found = search.Search(method=method, space=SPACE, trials=trials, pruner=pruner, seed=seed)  # type: ignore[arg-type]
     request = service.Request(base=base, grid={}, seeds=[0], max_parallel=1, search=found)
     with session_scope(settings.database_url) as session:
         study = service.create(
@@ -175,6 +180,19 @@ def report(pruned: dict[str, Any], full: dict[str, Any], pruner: str) -> str:
     return "\n".join(lines)
 
 
+def summary(found: dict[str, Any], pruner: str) -> str:
+    """One search alone: what it spent and the best it found."""
+    trials = found["trials"]
+    done = [t for t in trials if t["status"] == "succeeded" and t["objective"] is not None]
+    best = min(done, key=lambda t: t["objective"])
+    return (
+        f"{pruner}: {sum(t['status'] == 'pruned' for t in trials)} of {len(trials)} pruned, "
+        f"{sum(t['job_s'] for t in trials):.0f} job-seconds, "
+        f"{sum(t['steps'] or 0 for t in trials)} steps; best trial {best['trial']} "
+        f"({_values(best)}) at {_percent(best['objective'])} val/error"
+    )
+
+
 def _values(trial: dict[str, Any]) -> str:
     values = trial["values"]
     return f"lr {values['recipe.lr']:.3g}, wd {values['recipe.weight_decay']:.2g}"
@@ -193,6 +211,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=30)
     parser.add_argument("--train-limit", type=int, default=None)
     parser.add_argument("--pruner", default="asha", choices=["median", "asha", "hyperband"])
+    parser.add_argument("--method", default="random", choices=["random", "tpe"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shot", type=Path, help="Save the pruned search's page here (PNG).")
     parser.add_argument(
@@ -210,13 +229,16 @@ def main() -> None:
         },
     }
     with tempfile.TemporaryDirectory() as folder:
-        pruned = run_search(Path(folder) / "pruned", base, args.trials, args.pruner, args.seed)
+        pruned = run_search(
+            Path(folder) / "pruned", base, args.trials, args.pruner, args.seed, args.method
+        )
         if args.shot:
             shoot(pruned["database"], pruned["study"], args.shot)
             print(f"{args.shot}: the pruned search's page", flush=True)
         if args.pruned_only:
+            print(summary(pruned, args.pruner))
             return
-        full = run_search(Path(folder) / "full", base, args.trials, "none", args.seed)
+        full = run_search(Path(folder) / "full", base, args.trials, "none", args.seed, args.method)
     print(report(pruned, full, args.pruner))
 
 
