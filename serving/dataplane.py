@@ -9,6 +9,11 @@ prediction then takes a place in the model's queue before its body is read (refu
 `overloaded`), reads its body through the adapter's reader, loads the model (no
 suspension when it is running) and sends the batch to the model's micro-batcher.
 
+Every batch a model answers is told to the plane's taps (`Served`, synchronously on the
+event loop, after the answer is in hand): what watches traffic (shadow versions, payload
+logs, drift) hangs off that one point and never on the request's path, so a tap must only
+note or queue its work.
+
 Every refusal is a `serving.errors` class or a domain error (`core.errors`), whichever
 protocol asked; each adapter renders it in its own shape. The per-model metrics
 (`serving.metrics.ModelMetrics`) are fed here, labelled by the resolved target
@@ -18,10 +23,11 @@ adapter's `status_of` gives a refusal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -52,6 +58,7 @@ from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
 from training.preprocess import Preprocessing
 
+log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 StatusOf = Callable[[BaseException], int]  # the status a protocol answers a refusal with
 Files = Callable[[], AbstractAsyncContextManager[list[Upload]]]  # a request's files, read
@@ -72,15 +79,32 @@ class Prediction:
     started: float  # when it was admitted (`time.perf_counter`)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A batch a model answered, as the taps see it: the target that served it, who asked,
+    the images as the model took them (uint8, N x C x H x W), their probabilities and the
+    seconds from the batch's submission to its answer."""
+
+    target: model_registry.Resolved
+    caller: Caller
+    images: Images
+    probabilities: Probabilities
+    latency_s: float
+
+
+Tap = Callable[[Served], None]  # called on the event loop: note or queue, never wait
+
+
 @dataclass(slots=True)
 class DataPlane:
-    """A server's serving runtime: its settings, model cache, resolved references and
-    metrics."""
+    """A server's serving runtime: its settings, model cache, resolved references,
+    metrics and taps."""
 
     settings: Settings
     models: ModelCache
     refs: RefCache
     metrics: ModelMetrics
+    taps: list[Tap] = field(default_factory=list)
 
     async def target(self, ref: str, caller: Caller) -> model_registry.Resolved:
         """What `ref` points at, if `caller` may read it; else the domain's 404/403/409/422."""
@@ -195,6 +219,7 @@ class DataPlane:
             self.metrics.refused(status_of(error))
             raise
         call = Call(self.settings, self.models, target, self.metrics, started)
+        call.caller, call.taps = caller, self.taps
         # Before the body is read: a request the model has no place for costs nothing.
         refused = overloaded(self.models, target)
         if refused is not None:
@@ -223,12 +248,14 @@ class Call:
 
     __slots__ = (
         "cache",
+        "caller",
         "label",
         "metrics",
         "queue_forward_s",
         "released",
         "settings",
         "started",
+        "taps",
         "target",
     )
 
@@ -245,6 +272,8 @@ class Call:
         self.label = label_of(target)
         self.released = False
         self.queue_forward_s = 0.0  # from the batch's submission to its probabilities
+        self.caller: Caller | None = None
+        self.taps: list[Tap] = []
 
     async def model(self) -> Replicas:
         """The model of the target, started after its sha256 check on a miss (an object
@@ -269,6 +298,15 @@ class Call:
         self.queue_forward_s = time.perf_counter() - sent
         waited = max(0.0, self.queue_forward_s - forward_s)
         self.metrics.served(self.label, len(batch), waited, forward_s)
+        if self.taps and self.caller is not None:
+            served_batch = Served(
+                self.target, self.caller, batch, probabilities, self.queue_forward_s
+            )
+            for tap in self.taps:
+                try:
+                    tap(served_batch)
+                except Exception:  # what watches traffic never fails the answer
+                    log.exception("a serving tap failed on a batch of %s", self.label)
         return probabilities
 
     async def classify(
