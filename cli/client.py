@@ -1,5 +1,6 @@
-"""The client of a running service: `submit`, `jobs`, `watch`, `predict`,
-`predict-batch`, `export` and `import`, over HTTP.
+"""The client of a running service: `submit`, `jobs`, `edit`, `watch`, `cancel`, `retry`,
+`delete`, `register`, `download`, `workers`, `predict`, `predict-batch`, `export` and
+`import`, over HTTP.
 
 The service's address and API key come from --url / --key, else RESNET_URL / RESNET_KEY.
 """
@@ -7,10 +8,10 @@ The service's address and API key come from --url / --key, else RESNET_URL / RES
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -30,7 +31,7 @@ from cli.train_options import (
     RecipeFields,
     train_spec,
 )
-from client import ApiError, Client, ServiceUnreachableError
+from client import ApiError, Client, ClientError, ServiceUnreachableError
 from client.api import RECONNECTS
 from client.filters import JobFilter
 from client.models import ImagePrediction
@@ -56,7 +57,7 @@ def connect(url: str | None, key: str | None) -> Iterator[Client]:
             where = ".".join(str(part) for part in detail["loc"][1:])
             typer.echo(f"error: {where}: {detail['msg']}", err=True)
         raise typer.Exit(2 if error.status == 422 else 1) from None
-    except ServiceUnreachableError as error:
+    except ClientError as error:  # unreachable, a download that did not verify, ...
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
 
@@ -262,6 +263,177 @@ def watch(
     typer.echo(f"job {job_id} {status or 'still running: the stream kept dropping'}")
     if status != "succeeded":
         raise typer.Exit(1)
+
+
+JobIds = Annotated[list[str], typer.Argument(help="The jobs' ids.", show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
+
+
+def _each(
+    client: Client, job_ids: list[str], act: Callable[[Client, str], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`act` on each job in turn; a refused one is told and the rest still go. Each job's
+    outcome: what `act` said, or the refusal's `error`."""
+    outcomes = []
+    for job_id in job_ids:
+        try:
+            outcomes.append({"id": job_id, **act(client, job_id)})
+        except ApiError as error:
+            outcomes.append({"id": job_id, "error": error.message, "status_code": error.status})
+    return outcomes
+
+
+def _told(
+    outcomes: list[dict[str, Any]], as_json: bool, said: Callable[[dict[str, Any]], str]
+) -> None:
+    """Print each job's outcome (`said` words a done one); exit 1 if any was refused."""
+    if as_json:
+        typer.echo(json.dumps(outcomes, indent=2))
+    for outcome in outcomes:
+        if "error" in outcome:
+            typer.echo(f"{outcome['id']} refused: {outcome['error']}", err=True)
+        elif not as_json:
+            typer.echo(f"{outcome['id']} {said(outcome)}")
+    if any("error" in outcome for outcome in outcomes):
+        raise typer.Exit(1)
+
+
+def _cancelled(client: Client, job_id: str) -> dict[str, Any]:
+    job = client.cancel(job_id)
+    return {"status": job["status"], "cancel_requested": job["cancel_requested"]}
+
+
+def cancel(job_ids: JobIds, as_json: AsJson = False, url: Url = None, key: Key = None) -> None:
+    """Cancel jobs: a queued one now, a running one at its worker's next check (seconds);
+    exits 1 if any was refused."""
+    with connect(url, key) as client:
+        outcomes = _each(client, job_ids, _cancelled)
+    _told(
+        outcomes,
+        as_json,
+        lambda done: (
+            "cancelled"
+            if done["status"] == "cancelled"
+            else f"cancel requested: it is {done['status']} and stops within seconds"
+        ),
+    )
+
+
+def retry(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    as_json: AsJson = False,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Queue a failed, cancelled or pruned job again, from its last verified checkpoint."""
+    with connect(url, key) as client:
+        retried = client.retry(job_id)
+    if as_json:
+        typer.echo(json.dumps(retried, indent=2))
+        return
+    typer.echo(f"{retried['job']['id']} {retried['job']['status']}: {retried['message']}")
+
+
+def _deleted(client: Client, job_id: str) -> dict[str, Any]:
+    client.delete(job_id)
+    return {"deleted": True}
+
+
+def delete(
+    job_ids: JobIds,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    as_json: AsJson = False,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Delete jobs that are not running, with their metrics, events and files (asks first,
+    unless --yes); exits 1 if any was refused."""
+    if not yes:
+        count = f"{len(job_ids)} jobs" if len(job_ids) > 1 else f"job {job_ids[0]}"
+        typer.confirm(f"Delete {count}, metrics, events and files too?", abort=True)
+    with connect(url, key) as client:
+        outcomes = _each(client, job_ids, _deleted)
+    _told(outcomes, as_json, lambda _: "deleted")
+
+
+def register(
+    job_id: Annotated[str, typer.Argument(help="A succeeded train job's id.")],
+    name: Annotated[str, typer.Argument(help="The registered model it becomes a version of.")],
+    checkpoint: Annotated[
+        Literal["best", "last"], typer.Option(help="Which of the job's checkpoints.")
+    ] = "best",
+    as_json: AsJson = False,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Register a succeeded train job's checkpoint as the next version of a model (made on
+    first use); prints name/version."""
+    with connect(url, key) as client:
+        version = client.register(name, job_id, checkpoint=checkpoint)
+    if as_json:
+        typer.echo(json.dumps(version, indent=2))
+        return
+    typer.echo(
+        f"{name}/{version['version']}: job {version['job_id']} {version['checkpoint']} "
+        f"checkpoint (step {version['step']}, test error {percent(version['test_error'])}), "
+        f"sha256 {version['sha256']}"
+    )
+
+
+def download(
+    ref: Annotated[
+        str,
+        typer.Argument(help="A job id, or a registered version: name/VERSION, name@ALIAS, name."),
+    ],
+    checkpoint: Annotated[
+        str, typer.Option(help="A job's best, last or a step number (a version has one).")
+    ] = "best",
+    fmt: Annotated[
+        ExportFormat | None,
+        typer.Option("--export", help="A version's export instead: onnx, torchscript, ..."),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="This file, or into this folder.")
+    ] = Path("."),
+    force: Annotated[bool, typer.Option(help="Overwrite a file already there.")] = False,
+    url: Url = None,
+    key: Key = None,
+) -> None:
+    """Download a checkpoint (a job's or a registered version's) or a version's export,
+    streamed to a file and checked against the service's sha256."""
+    if checkpoint not in ("best", "last") and not checkpoint.isdigit():
+        raise typer.BadParameter(
+            f"best, last or a step number, not {checkpoint!r}", param_hint="--checkpoint"
+        )
+    with connect(url, key) as client:
+        if fmt is not None:
+            saved = client.download_export(ref, fmt, to=out, overwrite=force)
+        else:
+            saved = client.download_checkpoint(ref, which=checkpoint, to=out, overwrite=force)
+    typer.echo(f"saved {saved} ({saved.stat().st_size:,} bytes, sha256 checked)")
+
+
+def workers(as_json: AsJson = False, url: Url = None, key: Key = None) -> None:
+    """The service's workers: devices, queues, state, current job, last seen."""
+    with connect(url, key) as client:
+        seen = client.workers()
+    if as_json:
+        typer.echo(json.dumps(seen, indent=2))
+        return
+    table = Table(title=f"workers ({len(seen)})")
+    for column in ("name", "device", "queues", "state", "job", "done", "last seen"):
+        table.add_column(column, no_wrap=column in ("name", "last seen"))
+    for worker in seen:
+        table.add_row(
+            worker["name"],
+            ", ".join(worker["devices"]),
+            ", ".join(worker["queues"]),
+            worker["state"] if worker["state"] == "alive" else f"[red]{worker['state']}[/]",
+            (worker["current_job"] or "-")[:8],
+            str(worker["jobs_done"]),
+            worker["last_seen_at"][:19].replace("T", " "),
+        )
+    Console(width=None if Console().is_terminal else 160).print(table)
 
 
 def predict(

@@ -1,8 +1,9 @@
 """`resnet-service`: the command line. Every command is registered here, from its module.
 
 - cli.local: `models`, `train`, `evaluate` (no service needed)
-- cli.client: `submit`, `jobs`, `edit`, `watch`, `predict`, `predict-batch`, `export`,
-  `import` (a running service, over HTTP)
+- cli.client: `submit`, `jobs`, `edit`, `watch`, `cancel`, `retry`, `delete`, `register`,
+  `download`, `workers`, `predict`, `predict-batch`, `export`, `import` (a running service,
+  over HTTP)
 - cli.study: `study presets|run|show|extend` (the papers' experiments over seeds, searches;
   a service, or --local)
 - cli.keys: `keys create|list|revoke` (the service's database)
@@ -42,6 +43,12 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "jobs": client.list_jobs,
     "edit": client.edit,
     "watch": client.watch,
+    "cancel": client.cancel,
+    "retry": client.retry,
+    "delete": client.delete,
+    "register": client.register,
+    "download": client.download,
+    "workers": client.workers,
     "predict": client.predict,
     "predict-batch": client.predict_batch,
     "export": client.export,

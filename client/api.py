@@ -56,6 +56,7 @@ from client.models import (
     StudyPreview,
     StudyTrials,
     Version,
+    Worker,
 )
 from client.stream import parse_sse
 from client.wire import API_PREFIX, FINAL_STATUSES, ExportFormat
@@ -316,9 +317,8 @@ class Client:
         """Save one of a job's result files into the folder `to` (or as the file `to`),
         checking the sha256 the service sends; the file's path."""
         target = Path(to)
-        return self._download(
-            f"/jobs/{job_id}/artifacts/{name}", name, target / name if target.is_dir() else target
-        )
+        saved = target / name if target.is_dir() else target
+        return self._download(f"/jobs/{job_id}/artifacts/{name}", name, saved, overwrite=True)
 
     def predictions_frame(self, job_id: Id) -> pandas.DataFrame:
         """A predict job's rows as a pandas DataFrame (its CSV, else its JSONL)."""
@@ -556,6 +556,10 @@ class Client:
         """Whether the service asks for keys, and the scopes of this client's key."""
         return cast(Session, self._json("GET", "/whoami"))
 
+    def workers(self) -> list[Worker]:
+        """The registered workers by name: devices, queues, state, current job, last seen."""
+        return cast(list[Worker], self._json("GET", "/workers"))
+
     # -- downloads and exports ---------------------------------------------------------
 
     def version_of(self, ref: str) -> tuple[str, int]:
@@ -576,18 +580,20 @@ class Client:
         return name, model["versions"][-1]["version"]
 
     def download_checkpoint(
-        self, ref: Id, *, to: str | Path = ".", which: str | int = "best"
+        self, ref: Id, *, to: str | Path = ".", which: str | int = "best", overwrite: bool = True
     ) -> Path:
         """Save a checkpoint into the folder `to` (or as the file `to`), checking the sha256
         the service sends: a job's (`ref` a job id; `which`: best, last or a step number) or
-        a registered version's (`name/N`, `name@alias`, `name`); the file's path."""
+        a registered version's (`name/N`, `name@alias`, `name`); the file's path. Without
+        `overwrite`, a file already there is a ClientError, left as it was."""
         try:
             job_id = UUID(str(ref))
         except ValueError:
             name, version = self.version_of(str(ref))
             path = f"/registry/{name}/versions/{version}/checkpoint"
-            return self._download(path, f"{name}-v{version}.pt", to)
-        return self._download(f"/jobs/{job_id}/checkpoints/{which}/file", f"{job_id}.pt", to)
+            return self._download(path, f"{name}-v{version}.pt", to, overwrite=overwrite)
+        path = f"/jobs/{job_id}/checkpoints/{which}/file"
+        return self._download(path, f"{job_id}.pt", to, overwrite=overwrite)
 
     def export(self, ref: str, format: ExportFormat = "onnx") -> Export:
         """Export a registered version (`name/N`, `name@alias`, `name`): made, checked against
@@ -608,14 +614,16 @@ class Client:
         format: ExportFormat = "onnx",
         *,
         to: str | Path = ".",
+        overwrite: bool = True,
     ) -> Path:
         """Save a version's export into the folder `to` (or as the file `to`), checking the
-        sha256 the service sends; the file's path."""
+        sha256 the service sends; the file's path. Without `overwrite`, a file already there
+        is a ClientError, left as it was."""
         name, version = self.version_of(ref)
         path = f"/registry/{name}/versions/{version}/exports/{format}/file"
-        return self._download(path, f"{name}-v{version}.{format}", to)
+        return self._download(path, f"{name}-v{version}.{format}", to, overwrite=overwrite)
 
-    def _download(self, path: str, fallback: str, to: str | Path) -> Path:
+    def _download(self, path: str, fallback: str, to: str | Path, *, overwrite: bool) -> Path:
         """Stream a file the service sends with its sha256 into `to` (a folder: under the
         name the service gives), through a partial file renamed once the sha256 matches."""
         with self._unreachable(), self._http.stream("GET", path) as got:
@@ -625,6 +633,8 @@ class Client:
             target = Path(to)
             if target.is_dir():
                 target = target / (_attachment_name(got) or fallback)
+            if not overwrite and target.exists():
+                raise ClientError(f"{target} exists; it was left as it was")
             partial = target.with_name(f".{target.name}.partial")
             digest = hashlib.sha256()
             with partial.open("wb") as out:

@@ -534,6 +534,21 @@ class Ready(TypedDict):
     checks: dict[str, str]
 
 
+class Worker(TypedDict):
+    """A registered worker process group, and whether its heartbeat is recent."""
+
+    name: str
+    host: str
+    pid: int
+    devices: list[str]  # cpu, or the GPUs it owns
+    queues: list[str]
+    state: Literal["alive", "lost"]  # lost: unseen for three leases
+    current_job: str | None
+    jobs_done: int
+    started_at: str
+    last_seen_at: str
+
+
 class Session(TypedDict):
     auth_enabled: bool
     scopes: list[str]

@@ -48,6 +48,7 @@ ANSWERS: dict[tuple[str, str], Any] = {
     ("get", "/healthz"): models.Health,
     ("get", "/readyz"): models.Ready,
     ("get", "/whoami"): models.Session,
+    ("get", "/workers"): list[models.Worker],
 }
 ERROR_SHAPE = "ErrorOut"  # every error answer's schema, which `client.errors` parses
 
