@@ -7,6 +7,8 @@ it (`core.storage`). The layout:
     jobs/<job id>/checkpoints/step-<N>.pt, best.pt
     jobs/<job id>/exports/<version row id>/model.onnx | model.torchscript.pt | model.pt2
     uploads/<sha256>/archive.zip | archive.tar
+    payloads/models/<name>/<version>/<segment>.jsonl.gz   (logged predictions of a version)
+    payloads/jobs/<job id>/<segment>.jsonl.gz             (of a job id reference)
 
 A worker writes a job's files into the same layout under `ARTIFACT_DIR` (`job_dir`), and an
 upload is unpacked under `DATA_DIR` at its dataset path (`upload_path`).
@@ -22,6 +24,7 @@ from training import checkpoints
 JOBS = "jobs"
 EXPORTS = "exports"  # a job's exports' folder, beside its checkpoints
 UPLOADS = "uploads"
+PAYLOADS = "payloads"
 EXPORT_NAME = "model"  # an export's file name, before its format's suffix
 
 
@@ -86,3 +89,18 @@ def archive_key(upload_id: str, archive_name: str) -> str:
     the file it was sent as."""
     kind = "zip" if archive_name.lower().endswith(".zip") else "tar"
     return f"{upload_prefix(upload_id)}archive.{kind}"
+
+
+def payload_prefix(name: str, version: int) -> str:
+    """The key prefix of the payload segments logged for a registered version."""
+    return f"{PAYLOADS}/models/{name}/{version}/"
+
+
+def job_payload_prefix(job_id: uuid.UUID) -> str:
+    """The key prefix of the payload segments logged for a job served by its id."""
+    return f"{PAYLOADS}/jobs/{job_id}/"
+
+
+def payload_key(prefix: str, segment: str) -> str:
+    """The key of one payload segment (a payload prefix and the segment's file name)."""
+    return f"{prefix}{segment}"

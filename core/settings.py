@@ -307,6 +307,43 @@ class Settings(BaseSettings):
         "change made through another process reaches its predictions within this time.",
     )
 
+    payload_log_sample: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="The share of predicted images whose payload (digest, answer, version, "
+        "latency, time, caller) is logged to the artifact store; 0 logs none.",
+    )
+    payload_log_images: bool = Field(
+        False, description="Keep each logged image itself too (a PNG in its record)."
+    )
+    payload_log_max_bytes: int = Field(
+        64 * 1024**2,
+        ge=1024,
+        description="Bytes of payload segments kept per version; the oldest go beyond.",
+    )
+    payload_log_max_age_days: float = Field(
+        30.0, gt=0, description="Payload segments older than this are deleted."
+    )
+    payload_log_batch: int = Field(
+        512, ge=1, le=100_000, description="Logged records that make a segment be written."
+    )
+    payload_log_flush_seconds: float = Field(
+        10.0, gt=0, le=3600, description="The longest a logged record waits to be written."
+    )
+    payload_log_buffer: int = Field(
+        8192,
+        ge=1,
+        description="Records held in memory before they are written; beyond, they are "
+        "dropped and counted (resnet_payload_log_dropped_total).",
+    )
+    drift_window_images: int = Field(
+        1000, ge=1, le=1_000_000, description="Served images the drift statistics look back on."
+    )
+    drift_window_seconds: float = Field(
+        3600.0, gt=0, description="The longest the drift statistics look back (seconds)."
+    )
+
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: object) -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -90,3 +90,51 @@ class ModelMetrics:
     def refused(self, status: int) -> None:
         """A request whose reference did not resolve (or is not the caller's to read)."""
         self.errors.labels(UNRESOLVED, str(status)).inc()
+
+class WatchMetrics:
+    """What watches served traffic, per served model (labelled as `ModelMetrics` is): the
+    payload log's records (written, dropped by its full buffer, lost to the store) and
+    segments deleted by its bounds (`serving.payloads`); the drift statistics of the
+    model's window of served images (`serving.drift`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, what: str, labels: tuple[str, ...] = ("model",)) -> Counter:
+            return Counter(name, what, list(labels), registry=registry)
+
+        def gauge(name: str, what: str, labels: tuple[str, ...] = ("model",)) -> Gauge:
+            return Gauge(name, what, list(labels), registry=registry)
+
+        self.logged = counter("resnet_payload_log_records", "Payload records written, per model.")
+        self.dropped = counter(
+            "resnet_payload_log_dropped",
+            "Sampled images not logged because the payload buffer was full, per model.",
+        )
+        self.lost = counter(
+            "resnet_payload_log_lost", "Payload records the artifact store refused, per model."
+        )
+        self.deleted = counter(
+            "resnet_payload_log_deleted_segments",
+            "Payload segments deleted by the bounds, by reason (bytes or age).",
+            ("reason",),
+        )
+        self.window = gauge(
+            "resnet_model_drift_window_images", "Served images in the drift window, per model."
+        )
+        self.mean_shift = gauge(
+            "resnet_model_drift_mean_shift",
+            "|mean served - mean of the training split| / its std, per model and channel.",
+            ("model", "channel"),
+        )
+        self.std_ratio = gauge(
+            "resnet_model_drift_std_ratio",
+            "std served / std of the training split, per model and channel.",
+            ("model", "channel"),
+        )
+        self.class_distance = gauge(
+            "resnet_model_drift_class_total_variation",
+            "Total variation distance of the predicted classes from the reference, per model.",
+        )
+        self.class_p_value = gauge(
+            "resnet_model_drift_class_p_value",
+            "Chi-square p-value of the predicted classes against the reference, per model.",
+        )

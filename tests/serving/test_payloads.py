@@ -1,0 +1,241 @@
+"""The payload log: the tap's sample and its bounded buffer, segments written by a real
+data plane's model processes to a local folder and to S3 (moto), the bounds of size and
+age, and a store that hangs never holding back an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import inspect
+import io
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from prometheus_client import CollectorRegistry
+
+from core import layout
+from core.model_registry import Resolved
+from core.owners import Caller
+from core.settings import Settings
+from core.storage import LocalStore, S3Store, Store
+from serving import payloads
+from serving.cache import ModelCache, RefCache
+from serving.dataplane import DataPlane, Served
+from serving.metrics import ModelMetrics, WatchMetrics
+from serving.process import ServingOptions
+from tests import images
+from tests.core.test_storage import s3_settings
+from tests.helpers import caller_of, trained_job
+from tests.serving.test_dataplane import files_of, status
+
+CLASSES = ("a", "b", "c")
+JOB = uuid.UUID(int=7)
+
+
+def target(model: str | None = "digits", version: int | None = 2) -> Resolved:
+    """A resolved reference, as the data plane hands its taps."""
+    ref = f"{model}/{version}" if model else str(JOB)
+    return Resolved(ref, JOB, model, version, "/nowhere/best.pt", "f" * 64, 2)
+
+
+def batch(count: int, seed: int = 0, at: Resolved | None = None) -> Served:
+    """An answered batch of `count` random 3 x 4 x 4 images with random probabilities."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(count, 3, 4, 4), dtype=np.uint8)
+    scores = rng.random((count, len(CLASSES))).astype(np.float32)
+    return Served(at or target(), Caller(), pixels, scores / scores.sum(1, keepdims=True), 0.004)
+
+
+def payload_log(settings: Settings, store: Store, **changes: object) -> payloads.PayloadLog:
+    """A payload log of `settings` changed by `changes`, with a seeded draw."""
+    changed = settings.model_copy(update=changes)
+    metrics = WatchMetrics(CollectorRegistry())
+    return payloads.PayloadLog(
+        changed, store, metrics, lambda _: CLASSES, rng=random.Random(7).random
+    )
+
+
+def counted(log: payloads.PayloadLog, name: str, **labels: str) -> float:
+    """A payload log counter's value."""
+    return getattr(log.metrics, name).labels(**labels)._value.get()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> LocalStore:
+    """A local store in the test's folder."""
+    return LocalStore(tmp_path / "artifacts")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """Each test that asks for it runs on a local folder and on an S3 bucket (moto)."""
+    if request.param == "local":
+        return LocalStore(tmp_path / "artifacts")
+    return S3Store(s3_settings(request.getfixturevalue("s3_url"), tmp_path))
+
+
+def test_the_tap_draws_the_share_asked_and_never_awaits(
+    local_settings: Settings, local: LocalStore
+) -> None:
+    log = payload_log(local_settings, local, payload_log_sample=0.3, payload_log_buffer=10**6)
+    assert not inspect.iscoroutinefunction(log.tap)
+    for seed in range(100):
+        assert log.tap(batch(20, seed)) is None  # type: ignore[func-returns-value]
+    # 2,000 images drawn at 0.3: within 5 standard deviations (20.5) of 600.
+    assert abs(log.buffered - 600) < 5 * (2000 * 0.3 * 0.7) ** 0.5
+    assert log.dropped == 0
+    off = payload_log(local_settings, local, payload_log_sample=0.0)
+    off.tap(batch(20))
+    assert off.buffered == 0
+
+
+def test_a_full_buffer_drops_and_counts_what_it_cannot_hold(
+    local_settings: Settings, local: LocalStore
+) -> None:
+    log = payload_log(local_settings, local, payload_log_sample=1.0, payload_log_buffer=5)
+    for seed in range(3):
+        log.tap(batch(4, seed))
+    assert log.buffered == 5
+    assert [len(sampled.indexes) for sampled in log.buffer] == [4, 1]
+    assert log.dropped == 7
+    assert counted(log, "dropped", model="digits/2") == 7
+
+
+def test_records_hold_the_digest_answer_and_image_the_model_took(
+    local_settings: Settings, store: Store
+) -> None:
+    log = payload_log(local_settings, store, payload_log_sample=1.0, payload_log_images=True)
+    served = batch(3)
+    log.tap(served)
+    log.tap(batch(2, seed=1, at=target(None, None)))
+    asyncio.run(log.flush())
+    (segment,) = payloads.segments(store, layout.payload_prefix("digits", 2))
+    assert segment.records == 3
+    assert segment.first <= segment.last
+    path = store.fetch(segment.key, segment.sha256)  # verified against the name's sha256
+    records = list(payloads.read_records(path))
+    for index, found in enumerate(records):
+        pixels = served.images[index]
+        assert found["sha256"] == hashlib.sha256(pixels.tobytes()).hexdigest()
+        png = Image.open(io.BytesIO(base64.b64decode(found["image_png"])))
+        assert np.array_equal(np.asarray(png).transpose(2, 0, 1), pixels)
+        best = int(served.probabilities[index].argmax())
+        assert found["top"][0] == {
+            "label": CLASSES[best],
+            "index": best,
+            "probability": pytest.approx(float(served.probabilities[index][best])),
+        }
+        assert found["model"] == "digits"
+        assert found["version"] == 2
+        assert found["latency_ms"] == 4.0
+    (job_segment,) = payloads.segments(store, layout.job_payload_prefix(JOB))
+    assert job_segment.records == 2
+    assert counted(log, "logged", model="digits/2") == 3
+
+
+def test_the_oldest_segments_go_beyond_the_bytes_bound(
+    local_settings: Settings, store: Store
+) -> None:
+    log = payload_log(local_settings, store, payload_log_sample=1.0, payload_log_batch=4)
+    log.tap(batch(4))
+    asyncio.run(log.flush())
+    (one,) = payloads.segments(store, layout.payload_prefix("digits", 2))
+    # Room for two segments and a half: the third written pushes out the first.
+    log.settings = log.settings.model_copy(update={"payload_log_max_bytes": int(one.bytes * 2.5)})
+    for seed in (1, 2):
+        time.sleep(0.002)  # a later first record, so a later name
+        log.tap(batch(4, seed))
+        asyncio.run(log.flush())
+    kept = payloads.segments(store, layout.payload_prefix("digits", 2))
+    assert len(kept) == 2
+    assert one.name not in [segment.name for segment in kept]
+    assert sum(segment.bytes for segment in kept) <= log.settings.payload_log_max_bytes
+    assert counted(log, "deleted", reason="bytes") == 1
+
+
+def test_segments_older_than_the_age_bound_go(local_settings: Settings, store: Store) -> None:
+    log = payload_log(local_settings, store, payload_log_sample=1.0, payload_log_max_age_days=1)
+    prefix = layout.payload_prefix("digits", 2)
+    old = payloads.Sampled(batch(2), (0, 1), time.time() - 3 * 86400, CLASSES)
+    old_key = payloads.put_segment(store, prefix, [payloads.record(old, 0, False)])
+    elsewhere = layout.payload_prefix("other", 1)
+    other_key = payloads.put_segment(store, elsewhere, [payloads.record(old, 1, False)])
+    log.tap(batch(2))
+    asyncio.run(log.flush())  # its first flush sweeps every version's age bound too
+    kept = payloads.segments(store, prefix)
+    assert [segment.records for segment in kept] == [2]
+    assert old_key not in [segment.key for segment in kept]
+    assert payloads.segments(store, elsewhere) == []
+    assert other_key not in store.keys(layout.PAYLOADS + "/")
+    assert counted(log, "deleted", reason="age") == 2
+
+
+class HangingStore(LocalStore):
+    """A local store whose writes wait until released (an object store that hangs)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.entered, self.unblocked = threading.Event(), threading.Event()
+
+    def put(self, key: str, source: Path, sha256: str) -> None:
+        self.entered.set()
+        assert self.unblocked.wait(30), "the test never released the store"
+        super().put(key, source, sha256)
+
+
+@pytest.fixture(scope="module")
+def job(settings: Settings) -> uuid.UUID:
+    """A succeeded train job (ResNet-8 on 8x8 synthetic images) with a best checkpoint."""
+    return trained_job(settings)
+
+
+def test_a_hanging_store_holds_back_no_answer_and_a_stop_loses_nothing(
+    settings: Settings, job: uuid.UUID, tmp_path: Path
+) -> None:
+    store = HangingStore(tmp_path / "artifacts")
+    caller = caller_of(settings.database_url, "predict")
+    files = files_of(("red.png", images.flat_png((255, 0, 0))), ("grey.png", images.flat_png()))
+
+    async def work() -> None:
+        cache = ModelCache(options=ServingOptions(threads=1))
+        plane = DataPlane(settings, cache, RefCache(), ModelMetrics(CollectorRegistry()))
+        log = payload_log(settings, store, payload_log_sample=1.0, payload_log_batch=2)
+        log.classes = lambda sha256: cache.peek(sha256).info.classes  # type: ignore[union-attr]
+        plane.taps.append(log.tap)
+        running = asyncio.create_task(log.run())
+        try:
+            await plane.predict(str(job), caller, files, status_of=status)
+            # The batch woke the writer, which now hangs in the store's put...
+            assert await asyncio.to_thread(store.entered.wait, 30)
+            started = time.perf_counter()
+            for _ in range(3):  # ...while the next predictions are answered all the same.
+                answer = await asyncio.wait_for(
+                    plane.predict(str(job), caller, files, status_of=status), 30
+                )
+                assert answer.probabilities.shape[0] == 2
+            assert time.perf_counter() - started < 10
+            assert not store.unblocked.is_set()
+            assert log.buffered == 6
+        finally:
+            store.unblocked.set()
+            log.stop()
+            await running
+            await cache.close()
+
+    asyncio.run(work())
+    found = payloads.segments(store, layout.job_payload_prefix(job))
+    assert sum(segment.records for segment in found) == 8  # what was buffered at the stop too
+    records = [
+        record
+        for segment in found
+        for record in payloads.read_records(store.fetch(segment.key, segment.sha256))
+    ]
+    assert {record["caller"] for record in records} == {str(caller.owner)}
+    assert {record["job_id"] for record in records} == {str(job)}
