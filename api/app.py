@@ -24,6 +24,7 @@ from api.routers import (
     artifacts,
     dashboard,
     datasets,
+    explain,
     exports,
     health,
     imports,
@@ -45,6 +46,7 @@ from core.settings import Settings, get_settings
 from core.uploads import sweep_temporaries
 from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane
+from serving.explain import Explainers, ExplainOptions
 from serving.process import ServingOptions
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     uploads = {
         API_PREFIX + datasets.router.prefix: settings.max_upload_bytes,
         predict.PATH: predict.body_limit(settings),
+        explain.PATH: explain.body_limit(settings),
     }
     infer_limit = (
         (inference.is_infer, inference.body_limit(settings)),
@@ -112,6 +115,7 @@ def _api() -> APIRouter:
     # Routes are matched in order: the hot prediction path first.
     for router in (
         predict.router,
+        explain.router,
         model_registry.router,
         imports.router,
         exports.router,
@@ -142,6 +146,7 @@ class Serving(TypedDict):
     model_cache: ModelCache
     refs: RefCache
     plane: DataPlane
+    explainers: Explainers
 
 
 @asynccontextmanager
@@ -153,16 +158,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     settings, metrics = app.state.settings, app.state.telemetry.models
     model_cache = _model_cache(settings, metrics.batch)
     refs = RefCache()
+    explainers = Explainers(_explain_options(settings))
     stop = threading.Event()
     warm_up = threading.Thread(target=_warm_up, args=(stop,), name="zoo-warm-up")
     warm_up.start()
     try:
         plane = DataPlane(settings, model_cache, refs, metrics)
-        yield {"model_cache": model_cache, "refs": refs, "plane": plane}
+        yield {"model_cache": model_cache, "refs": refs, "plane": plane, "explainers": explainers}
     finally:
         stop.set()  # it ends after the net it is counting (at most a few seconds)
         await run_in_threadpool(warm_up.join)
         await model_cache.close()
+        await explainers.close()
 
 
 def _warm_up(stop: threading.Event) -> None:
@@ -197,6 +204,17 @@ def _model_cache(settings: Settings, on_batch: Callable[[str, int], None]) -> Mo
         options=options,
         max_starting=settings.predict_max_starting,
         on_batch=on_batch,
+    )
+
+
+def _explain_options(settings: Settings) -> ExplainOptions:
+    """How the explain processes are kept and bounded, as configured."""
+    return ExplainOptions(
+        max_models=settings.explain_cache_models,
+        max_running=settings.explain_max_running,
+        max_images=settings.explain_max_images,
+        threads=settings.explain_threads,
+        device=settings.predict_device,
     )
 
 

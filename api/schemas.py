@@ -755,6 +755,36 @@ class PredictStats(BaseModel):
     models: list[BatcherStats]
 
 
+class ExplainedImage(BaseModel):
+    """One file's Grad-CAM: the class explained, and the heatmap (0..1) at the explained
+    layer's resolution and upsampled to the net's input."""
+
+    file: str
+    resize: Literal["none", "resize", "resize+center-crop"]
+    explained: ClassScore = Field(description="The class explained and its probability.")
+    heatmap: list[list[float]] = Field(description="[h][w] at the layer's resolution, 0..1.")
+    upsampled: list[list[float]] = Field(
+        description="[H][W] at the net's input size (bilinear), 0..1."
+    )
+
+
+class ExplainTiming(BaseModel):
+    """Milliseconds of the explain process's Grad-CAM, and of the whole request."""
+
+    explain_ms: float
+    total_ms: float
+
+
+class ExplainOut(BaseModel):
+    """Per file, in request order: its Grad-CAM on the net's last residual stage."""
+
+    model: ServedModel
+    preprocessing: Preprocessing
+    layer: str = Field(description="The layer explained: the net's last residual stage.")
+    results: list[ExplainedImage]
+    timing: ExplainTiming
+
+
 class StudyIn(BaseModel):
     """A study: a preset on a dataset, or a base train spec with a grid; and its seeds."""
 

@@ -306,6 +306,24 @@ class Settings(BaseSettings):
         description="How long an API process reuses a resolved model reference; a registry "
         "change made through another process reaches its predictions within this time.",
     )
+    explain_max_images: int = Field(
+        4, ge=1, le=64, description="Most images in one explanation request (413 beyond)."
+    )
+    explain_max_running: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Explanations an API process computes at once; beyond, 503 with "
+        "Retry-After.",
+    )
+    explain_cache_models: int = Field(
+        1, ge=1, le=16, description="Explain processes (one per checkpoint) kept (LRU)."
+    )
+    explain_threads: int = Field(
+        0,
+        ge=0,
+        description="Intra-op threads of each explain process; 0: the cores but one.",
+    )
 
     payload_log_sample: float = Field(
         0.0,
