@@ -16,7 +16,7 @@ from typing import TypedDict
 from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from api import edge, errors, ratelimit
+from api import edge, errors, grpc, ratelimit
 from api.deps import KeyCache
 from api.hot_routes import hot_routes
 from api.limits import BodyLimit, PredictShed
@@ -164,7 +164,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     warm_up.start()
     try:
         plane = DataPlane(settings, model_cache, refs, metrics)
-        yield {"model_cache": model_cache, "refs": refs, "plane": plane, "explainers": explainers}
+        async with grpc.served(app, plane):  # the protocol over gRPC too, if GRPC_PORT
+            yield {
+                "model_cache": model_cache,
+                "refs": refs,
+                "plane": plane,
+                "explainers": explainers,
+            }
     finally:
         stop.set()  # it ends after the net it is counting (at most a few seconds)
         await run_in_threadpool(warm_up.join)

@@ -28,6 +28,7 @@ from core.settings import Settings, get_settings
 ENTRY = "from cli.main import app; app(prog_name='resnet-service')"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HEALTH_PATH = "/api/v1/healthz"
+GRPC_PORT = 8001  # the Open Inference Protocol over gRPC, unless GRPC_PORT says otherwise
 STOP_GRACE_S = 15.0  # how long a child may take to stop before it is killed
 
 
@@ -175,26 +176,47 @@ def watch_workers(children: dict[str, subprocess.Popen[bytes]]) -> int:
     return 1 if failed and not passed else 0
 
 
+GrpcPort = Annotated[
+    int | None,
+    typer.Option(min=0, max=65_535, help="The gRPC port (0: none); default GRPC_PORT, else 8001."),
+]
+
+
 def api(
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 for all.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    grpc_port: GrpcPort = None,
 ) -> None:
-    """Serve the HTTP API; it refuses to start on an old schema (unless MIGRATE_ON_START)."""
+    """Serve the HTTP API, and the inference protocol over gRPC beside it; it refuses to
+    start on an old schema (unless MIGRATE_ON_START)."""
     import uvicorn
 
     from cli.connections import server_options
 
+    # The app that uvicorn builds reads its settings from this environment.
+    os.environ |= {"GRPC_PORT": str(chosen_grpc_port(get_settings(), grpc_port))}
+    os.environ |= {"GRPC_HOST": host}
+    get_settings.cache_clear()
     options = server_options(get_settings())
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, **options)
+
+
+def chosen_grpc_port(settings: Settings, option: int | None) -> int:
+    """The gRPC port a server command serves: --grpc-port, else GRPC_PORT if set, else 8001."""
+    if option is not None:
+        return option
+    return settings.grpc_port if "grpc_port" in settings.model_fields_set else GRPC_PORT
 
 
 def up(
     host: Annotated[str, typer.Option(help="Interface of the API.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the API.")] = 8000,
     device: Annotated[str | None, typer.Option(help="The worker's device.")] = None,
+    grpc_port: GrpcPort = None,
 ) -> None:
     """Everything in one command: migrate, one worker and the API (SQLite by default)."""
     embedded = embedded_environment(get_settings(), host)
+    embedded["GRPC_PORT"] = str(chosen_grpc_port(get_settings(), grpc_port))
     # The children read their settings from this environment; this process, the same.
     env = {**os.environ, **embedded}
     chosen: dict[str, Any] = {key.lower(): value for key, value in embedded.items()}
@@ -205,7 +227,11 @@ def up(
         "worker": _spawn(
             ["worker", *(["--device", device] if device else [])], env, signal.SIGQUIT
         ),
-        "api": _spawn(["api", "--host", host, "--port", str(port)], env, signal.SIGTERM),
+        "api": _spawn(
+            ["api", "--host", host, "--port", str(port), "--grpc-port", embedded["GRPC_PORT"]],
+            env,
+            signal.SIGTERM,
+        ),
     }
     raise typer.Exit(supervise(children, f"http://{_url_host(host)}:{port}{HEALTH_PATH}"))
 
@@ -245,6 +271,8 @@ def _announce(settings: Settings, host: str, port: int) -> None:
         hide_password=True
     )
     console.print(f"database  {database}\nbroker    {broker}\nartifacts {settings.artifact_dir}")
+    if settings.grpc_port:
+        console.print(f"gRPC      {_url_host(host)}:{settings.grpc_port} (the inference protocol)")
     if not settings.auth_enabled:
         console.print(
             Panel(

@@ -306,6 +306,18 @@ class Settings(BaseSettings):
         description="How long an API process reuses a resolved model reference; a registry "
         "change made through another process reaches its predictions within this time.",
     )
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65_535,
+        description="The port of the Open Inference Protocol over gRPC, served by the API "
+        "process beside HTTP; 0: off (`resnet-service api` and `up` serve it at 8001 unless "
+        "GRPC_PORT or --grpc-port says otherwise).",
+    )
+    grpc_host: str = Field(
+        "127.0.0.1",
+        description="The interface the gRPC port binds (`resnet-service api` sets its --host).",
+    )
     explain_max_images: int = Field(
         4, ge=1, le=64, description="Most images in one explanation request (413 beyond)."
     )
