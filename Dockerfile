@@ -1,5 +1,6 @@
 # One image for the API and the workers:
 #   docker run IMAGE                          -> resnet-service api --host 0.0.0.0
+#                                                (HTTP on 8000, the inference protocol's gRPC on 8001)
 #   docker run --gpus 1 IMAGE resnet-service worker
 FROM python:3.11-slim
 
@@ -31,11 +32,11 @@ RUN pip install --no-deps -e . \
 
 USER 10001:10001
 VOLUME ["/data/artifacts"]
-EXPOSE 8000
+EXPOSE 8000 8001
 
 # For the API (the default command); docker-compose.yml gives workers their own check.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/v1/healthz', timeout=4)"]
 
 # X-Forwarded-For is ignored unless FORWARDED_ALLOW_IPS names the proxy in front.
-CMD ["resnet-service", "api", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["resnet-service", "api", "--host", "0.0.0.0", "--port", "8000", "--grpc-port", "8001"]
