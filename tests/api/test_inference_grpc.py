@@ -31,7 +31,10 @@ from tritonclient.utils import InferenceServerException
 
 from api import grpc as api_grpc
 from api.app import create_app
+from cli.server import chosen_grpc_port
+from core.errors import ConflictError
 from core.settings import Settings
+from serving.errors import UnavailableError
 from tests import images
 from tests.helpers import Key, key_of, trained_job, wait_for
 from tests.services import free_port
@@ -417,3 +420,27 @@ def test_a_taken_port_stops_the_start_with_what_to_do(settings: Settings) -> Non
 
         with pytest.raises(RuntimeError, match=rf"cannot listen on 127.0.0.1:{port}.*GRPC_PORT"):
             asyncio.run(start())
+
+
+def test_refusals_map_to_grpc_statuses_with_http_messages(settings: Settings) -> None:
+    store_down = api_grpc.status_of(UnavailableError("the store is down"), settings, "ModelInfer")
+    assert store_down == (
+        grpc.StatusCode.UNAVAILABLE,
+        "the store is down",
+        (("retry-after", "5"), ("grpc-retry-pushback-ms", "5000")),
+    )
+    conflict = api_grpc.status_of(ConflictError("not servable"), settings, "ModelInfer")
+    assert conflict == (grpc.StatusCode.FAILED_PRECONDITION, "not servable", ())
+    code, message, trailing = api_grpc.status_of(ValueError("boom"), settings, "ModelInfer")
+    assert code == grpc.StatusCode.INTERNAL
+    assert "boom" not in message
+    assert f"error id {dict(trailing)['x-error-id']}" in message
+
+
+def test_the_server_commands_choose_the_grpc_port() -> None:
+    assert chosen_grpc_port(Settings(), None) == 8001
+    assert chosen_grpc_port(Settings(grpc_port=9001), None) == 9001
+    assert chosen_grpc_port(Settings(grpc_port=0), None) == 0  # GRPC_PORT=0: off
+    assert chosen_grpc_port(Settings(grpc_port=9001), 0) == 0
+    assert api_grpc.address_of("::", 8001) == "[::]:8001"
+    assert api_grpc.address_of("0.0.0.0", 8001) == "0.0.0.0:8001"
