@@ -32,6 +32,7 @@ from api.routers import (
     jobs,
     keys,
     model_registry,
+    payloads,
     predict,
     studies,
     usage,
@@ -46,7 +47,9 @@ from core.settings import Settings, get_settings
 from core.uploads import sweep_temporaries
 from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane
+from serving.drift import DriftMonitor
 from serving.explain import Explainers, ExplainOptions
+from serving.metrics import WatchMetrics
 from serving.process import ServingOptions
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.telemetry = Telemetry(settings)
+    app.state.watch_metrics = WatchMetrics(app.state.telemetry.registry)  # payloads, drift
     app.state.keys = KeyCache()  # API keys checked a moment ago (api.deps)
     errors.install(app, renderers={inference.PREFIX: inference.render_error})
     uploads = {
@@ -119,6 +123,8 @@ def _api() -> APIRouter:
         model_registry.router,
         imports.router,
         exports.router,
+        payloads.router,
+        payloads.job_payloads,
         jobs.router,
         exports.job_files,
         artifacts.router,
@@ -146,6 +152,7 @@ class Serving(TypedDict):
     model_cache: ModelCache
     refs: RefCache
     plane: DataPlane
+    drift: DriftMonitor
     explainers: Explainers
 
 
@@ -164,11 +171,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
     warm_up.start()
     try:
         plane = DataPlane(settings, model_cache, refs, metrics)
-        async with grpc.served(app, plane):  # the protocol over gRPC too, if GRPC_PORT
+        async with (
+            grpc.served(app, plane),  # the protocol over gRPC too, if GRPC_PORT
+            payloads.watching(app, plane) as drift,  # payload log and drift, off the path
+        ):
             yield {
                 "model_cache": model_cache,
                 "refs": refs,
                 "plane": plane,
+                "drift": drift,
                 "explainers": explainers,
             }
     finally:

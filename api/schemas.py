@@ -670,6 +670,91 @@ class ExportOut(BaseModel):
     created_at: datetime
 
 
+class PayloadQuery(BaseModel):
+    """Query parameters of a payload log's list: a page of segments, newest first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = Field(None, max_length=200, description="`next_cursor` of a page.")
+
+
+class PayloadSegmentOut(BaseModel):
+    """One stored segment of a payload log: gzip'd JSON Lines, a record per sampled image."""
+
+    name: str
+    records: int
+    bytes: int
+    first_at: datetime = Field(description="When its first record's image was answered.")
+    last_at: datetime
+    sha256: str
+    file: str = Field(description="Where to download it (streamed, sha256 in a header).")
+
+
+class PayloadPage(BaseModel):
+    """One page of segments, newest first; pass `next_cursor` as `cursor` for the next."""
+
+    items: list[PayloadSegmentOut]
+    next_cursor: str | None
+
+
+class DriftWindow(BaseModel):
+    """The served images the statistics look back on (this API process's)."""
+
+    images: int
+    max_images: int
+    max_seconds: float
+    first_at: datetime | None
+    last_at: datetime | None
+
+
+class DriftReference(BaseModel):
+    """The training data the served images are held against, as the checkpoint records it."""
+
+    mean: list[float] = Field(description="Per channel, of the training split, on 0..1.")
+    std: list[float]
+    classes: list[str]
+    class_distribution: list[float]
+    class_source: Literal["uniform"] = Field(
+        description="uniform: the checkpoint records no class counts of its training split."
+    )
+
+
+class ChannelDrift(BaseModel):
+    """One channel's pixels served (0..1) against the training split's."""
+
+    channel: int
+    mean: float
+    std: float
+    shift: float = Field(description="|mean served - mean train| / std train.")
+    std_ratio: float = Field(description="std served / std train.")
+
+
+class ClassDrift(BaseModel):
+    """The predicted classes' distribution against the reference's."""
+
+    counts: list[int]
+    total_variation: float = Field(description="Half the L1 distance, 0..1.")
+    jensen_shannon: float = Field(description="Jensen-Shannon distance (base 2), 0..1.")
+    p_value: float | None = Field(
+        description="Chi-square goodness-of-fit p-value of the counts (null: one class)."
+    )
+
+
+class DriftOut(BaseModel):
+    """A served model's drift: its window's statistics against its training data."""
+
+    model: str | None
+    version: int | None
+    job_id: uuid.UUID | None
+    window: DriftWindow
+    reference: DriftReference | None = Field(
+        description="Null until this API process has served the model."
+    )
+    channels: list[ChannelDrift]
+    classes: ClassDrift | None
+
+
 class ClassScore(BaseModel):
     """One of an image's top-k classes."""
 
