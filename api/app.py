@@ -45,6 +45,7 @@ from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
 from core.settings import Settings, get_settings
 from core.uploads import sweep_temporaries
+from serving import rollout
 from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane
 from serving.drift import DriftMonitor
@@ -174,6 +175,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[Serving]:
         async with (
             grpc.served(app, plane),  # the protocol over gRPC too, if GRPC_PORT
             payloads.watching(app, plane) as drift,  # payload log and drift, off the path
+            rollout.shadowing(plane),  # shadow versions' copies, compared off the path
         ):
             yield {
                 "model_cache": model_cache,

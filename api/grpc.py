@@ -16,7 +16,8 @@ after it, every output asked in binary) and answered by `DataPlane.infer`, so ad
 the queue, micro-batching, owners, limits, refusals and metrics are HTTP's, byte for byte
 the same tensors. The metrics count a refusal under the status HTTP would answer. A
 message is bounded as an HTTP infer body is (`inference.body_limit`); unlike HTTP's, it
-is read whole before admission (gRPC hands over messages whole).
+is read whole before admission (gRPC hands over messages whole). At most MAX_CONNECTIONS
+calls are under way at once.
 
 Keys come from the `authorization: Bearer rs_...` metadata and are checked as HTTP checks
 them (`api.deps.check_key`, the app's cache of checked keys; the predict scope to infer,
@@ -90,11 +91,13 @@ async def served(app: FastAPI, plane: DataPlane) -> AsyncIterator[grpc.aio.Serve
         yield None
         return
     server = grpc.aio.server(
+        # As MAX_CONNECTIONS bounds HTTP's requests; beyond, RESOURCE_EXHAUSTED.
+        maximum_concurrent_rpcs=settings.max_connections,
         options=[
             # Another process on the port is an error, not a silent share of its calls.
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", inference.body_limit(settings)),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(app, plane), server)
     address = address_of(settings.grpc_host, settings.grpc_port)

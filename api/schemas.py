@@ -506,8 +506,35 @@ class RegisterIn(BaseModel):
     checkpoint: Literal["best", "last"] = "best"
 
 
+class ShadowIn(BaseModel):
+    """A version that takes a copy of a share of an alias's traffic, answers compared only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1, le=2**31 - 1)
+    percent: int = Field(100, description="The share of the alias's requests copied, 1 to 100.")
+
+
 class AliasIn(BaseModel):
-    """The version an alias should point at."""
+    """An alias's whole state: one version, or weights per version; sticky; a shadow.
+
+    What is not sent is reset (not sticky, no shadow)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = Field(None, ge=1, le=2**31 - 1)
+    weights: dict[int, int] | None = Field(
+        None,
+        description="Version -> weight (an integer > 0): each version's share of the traffic, "
+        "e.g. {\"3\": 90, \"4\": 10}; at most 10 versions.",
+    )
+    sticky: bool = Field(False, description="A caller (its API key, else X-Session-Key) keeps "
+                         "its version while the weights hold.")  # fmt: skip
+    shadow: ShadowIn | None = None
+
+
+class PromoteIn(BaseModel):
+    """The version an alias should serve alone from now on."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -597,12 +624,50 @@ class VersionOut(BaseModel):
     )
 
 
+class ShadowOut(BaseModel):
+    """The version an alias copies `percent` of its requests to."""
+
+    version: int
+    percent: int
+
+
 class AliasOut(BaseModel):
     """A name for a version, e.g. production; moving it switches traffic."""
 
     alias: str
-    version: int
+    version: int = Field(description="The primary: the version of greatest weight.")
     updated_at: datetime
+    weights: dict[str, int] = Field(description="Version -> weight; one version: weight 100.")
+    sticky: bool
+    shadow: ShadowOut | None
+
+
+class ShadowComparisonOut(BaseModel):
+    """A shadow version's answers against a primary's, since this API process started."""
+
+    version: int = Field(description="The version that answered the requests.")
+    shadow: int = Field(description="The shadow version that answered their copies.")
+    images: int
+    agreement: float | None = Field(description="The share of images of the same top-1 class.")
+    mean_abs_diff: float | None = Field(
+        description="Mean over images and classes of |p shadow - p primary|."
+    )
+    mean_latency_ms: float | None = Field(description="A copy's mean latency, load included.")
+    dropped: int = Field(description="Copies shed (the shadow or the primary busy) or unfit.")
+    failed: int
+
+
+class HistoryOut(BaseModel):
+    """One registry change: what, who (the key's id and name), when, before -> after."""
+
+    action: str = Field(description="e.g. version.registered, alias.weights, alias.promoted")
+    alias: str | None
+    version: int | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    key_id: uuid.UUID | None
+    key_name: str | None
+    at: datetime
 
 
 class RegisteredModelOut(BaseModel):

@@ -32,15 +32,19 @@ from client.models import (
     Artifact,
     CellResult,
     Checkpoint,
+    Drift,
     Event,
     Export,
     Health,
+    HistoryEntry,
     Job,
     JobItem,
     JobPage,
     Kind,
     MetricPoint,
     Metrics,
+    PayloadPage,
+    PayloadSegment,
     Point,
     Prediction,
     Preset,
@@ -49,8 +53,10 @@ from client.models import (
     RegistryPage,
     Retried,
     Session,
+    ShadowComparison,
     Study,
     StudyComparisons,
+    StudyExtend,
     StudyItem,
     StudyPlan,
     StudyPreview,
@@ -409,7 +415,7 @@ class Client:
             if isinstance(add_seeds, Mapping)
             else add_seeds
         )
-        body = {"add_seeds": seeds, "add_trials": add_trials}
+        body: StudyExtend = {"add_seeds": seeds, "add_trials": add_trials}
         return cast(Study, self._json("POST", f"/studies/{study_id}/extend", json=body))
 
     def study_compare(
@@ -508,10 +514,43 @@ class Client:
             if cursor is None:
                 return
 
-    def set_alias(self, name: str, alias: str, version: int) -> Alias:
-        """Point `name@alias` at a version (made or moved)."""
-        body = {"version": version}
+    def set_alias(
+        self,
+        name: str,
+        alias: str,
+        version: int | None = None,
+        *,
+        weights: Mapping[int, int] | None = None,
+        sticky: bool = False,
+        shadow: int | None = None,
+        shadow_percent: int = 100,
+    ) -> Alias:
+        """Point `name@alias` at a version, or split it by `weights` (version -> weight),
+        `sticky` per caller, with a `shadow` version taking a copy of `shadow_percent` of
+        its requests: the alias's whole state in one request."""
+        body: dict[str, Any] = (
+            {"version": version}
+            if weights is None
+            else {"weights": {str(v): w for v, w in weights.items()}}
+        )
+        body["sticky"] = sticky
+        if shadow is not None:
+            body["shadow"] = {"version": shadow, "percent": shadow_percent}
         return cast(Alias, self._json("PUT", f"/registry/{name}/aliases/{alias}", json=body))
+
+    def promote(self, name: str, alias: str, version: int) -> Alias:
+        """`name@alias` serves `version` (one of its versions or its shadow) alone."""
+        path = f"/registry/{name}/aliases/{alias}/promote"
+        return cast(Alias, self._json("POST", path, json={"version": version}))
+
+    def history(self, name: str, *, limit: int = 100) -> list[HistoryEntry]:
+        """The model's registry changes, newest first."""
+        path = f"/registry/{name}/history"
+        return cast(list[HistoryEntry], self._json("GET", path, params={"limit": limit}))
+
+    def shadow_comparisons(self, name: str) -> list[ShadowComparison]:
+        """Each shadow version against the version it copies, as this server counted."""
+        return cast(list[ShadowComparison], self._json("GET", f"/registry/{name}/shadow"))
 
     def delete_alias(self, name: str, alias: str) -> None:
         """Remove an alias."""
@@ -595,12 +634,29 @@ class Client:
         path = f"/jobs/{job_id}/checkpoints/{which}/file"
         return self._download(path, f"{job_id}.pt", to, overwrite=overwrite)
 
-    def export(self, ref: str, format: ExportFormat = "onnx") -> Export:
+    def export(
+        self,
+        ref: str,
+        format: ExportFormat = "onnx",
+        *,
+        calibration_images: int | None = None,
+        max_error_increase_pp: float | None = None,
+        eval_limit: int | None = None,
+    ) -> Export:
         """Export a registered version (`name/N`, `name@alias`, `name`): made, checked against
-        the eager net and stored by the service, or the one made before."""
+        the eager net and stored by the service, or the one made before. onnx_int8 is
+        calibrated on `calibration_images` training images and kept only when its evaluation
+        error (over `eval_limit` images at most) is within `max_error_increase_pp` of the
+        float graph's."""
         name, version = self.version_of(ref)
         path = f"/registry/{name}/versions/{version}/exports"
-        answer = self._json("POST", path, json={"format": format}, timeout=EXPORT_TIMEOUT_S)
+        int8 = {
+            "calibration_images": calibration_images,
+            "max_error_increase_pp": max_error_increase_pp,
+            "eval_limit": eval_limit,
+        }
+        body = {"format": format} | {key: value for key, value in int8.items() if value is not None}
+        answer = self._json("POST", path, json=body, timeout=EXPORT_TIMEOUT_S)
         return cast(Export, answer)
 
     def exports(self, ref: str) -> list[Export]:
@@ -622,6 +678,41 @@ class Client:
         name, version = self.version_of(ref)
         path = f"/registry/{name}/versions/{version}/exports/{format}/file"
         return self._download(path, f"{name}-v{version}.{format}", to, overwrite=overwrite)
+
+    def payloads(self, ref: Id, *, page_size: int = 50) -> Iterator[PayloadSegment]:
+        """The payload log's segments of a registered version (`name/N`, `name@alias`,
+        `name`) or of a job served by its id, newest first, page by page."""
+        path = f"{self._served_path(ref)}/payloads"
+        cursor: str | None = None
+        while True:
+            params = {"limit": page_size} | ({"cursor": cursor} if cursor else {})
+            page = cast(PayloadPage, self._json("GET", path, params=params))
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def download_payloads(
+        self, ref: Id, segment: str, *, to: str | Path = ".", overwrite: bool = True
+    ) -> Path:
+        """Save one segment of a payload log (gzip'd JSON Lines) into the folder `to` (or as
+        the file `to`), checking its sha256; the file's path."""
+        path = f"{self._served_path(ref)}/payloads/{segment}"
+        return self._download(path, segment, to, overwrite=overwrite)
+
+    def drift(self, ref: Id) -> Drift:
+        """The drift of a registered version (or a job served by its id) from its training
+        data: per channel the served mean and std against the training split's, and the
+        predicted classes against the reference, over the service's window."""
+        return cast(Drift, self._json("GET", f"{self._served_path(ref)}/drift"))
+
+    def _served_path(self, ref: Id) -> str:
+        """The path of what serves `ref`: a job by its id, else a registered version."""
+        try:
+            return f"/jobs/{UUID(str(ref))}"
+        except ValueError:
+            name, version = self.version_of(str(ref))
+            return f"/registry/{name}/versions/{version}"
 
     def _download(self, path: str, fallback: str, to: str | Path, *, overwrite: bool) -> Path:
         """Stream a file the service sends with its sha256 into `to` (a folder: under the

@@ -286,8 +286,12 @@ class StudyComparisons(TypedDict):
     comparisons: list[CellComparison]
 
 
-class StudyExtendBody(TypedDict):
-    add_seeds: dict[str, int]
+class StudyExtend(TypedDict):
+    """More of a study, as `extend_study` sends it: seeds for every cell (a number) or
+    chosen cells ({cell: seeds}), or trials for a search; a plan proposes one."""
+
+    add_seeds: NotRequired[int | dict[str, int] | None]
+    add_trials: NotRequired[int | None]
 
 
 class StudyPlan(TypedDict):
@@ -297,7 +301,7 @@ class StudyPlan(TypedDict):
     power: float
     test: str
     claims: list[ClaimResult]
-    extend: StudyExtendBody
+    extend: StudyExtend  # the body that adds the seeds the open claims need
 
 
 class PreviewCell(TypedDict):
@@ -458,10 +462,40 @@ class Export(TypedDict):
     created_at: str
 
 
+class Shadow(TypedDict):
+    version: int
+    percent: int
+
+
 class Alias(TypedDict):
     alias: str
     version: int
     updated_at: str
+    weights: dict[str, int]
+    sticky: bool
+    shadow: Shadow | None
+
+
+class HistoryEntry(TypedDict):
+    action: str
+    alias: str | None
+    version: int | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    key_id: str | None
+    key_name: str | None
+    at: str
+
+
+class ShadowComparison(TypedDict):
+    version: int
+    shadow: int
+    images: int
+    agreement: float | None
+    mean_abs_diff: float | None
+    mean_latency_ms: float | None
+    dropped: int
+    failed: int
 
 
 class RegisteredModel(TypedDict):
@@ -552,3 +586,63 @@ class Worker(TypedDict):
 class Session(TypedDict):
     auth_enabled: bool
     scopes: list[str]
+
+
+class PayloadSegment(TypedDict):
+    """One stored segment of a payload log: gzip'd JSON Lines, a record per sampled image."""
+
+    name: str
+    records: int
+    bytes: int
+    first_at: str
+    last_at: str
+    sha256: str
+    file: str
+
+
+class PayloadPage(TypedDict):
+    items: list[PayloadSegment]
+    next_cursor: str | None
+
+
+class DriftWindow(TypedDict):
+    images: int
+    max_images: int
+    max_seconds: float
+    first_at: str | None
+    last_at: str | None
+
+
+class DriftReference(TypedDict):
+    mean: list[float]
+    std: list[float]
+    classes: list[str]
+    class_distribution: list[float]
+    class_source: Literal["uniform"]
+
+
+class ChannelDrift(TypedDict):
+    channel: int
+    mean: float
+    std: float
+    shift: float  # |mean served - mean train| / std train
+    std_ratio: float
+
+
+class ClassDrift(TypedDict):
+    counts: list[int]
+    total_variation: float
+    jensen_shannon: float
+    p_value: float | None
+
+
+class Drift(TypedDict):
+    """A served model's window of images against its training data (this API process's)."""
+
+    model: str | None
+    version: int | None
+    job_id: str | None
+    window: DriftWindow
+    reference: DriftReference | None
+    channels: list[ChannelDrift]
+    classes: ClassDrift | None

@@ -9,6 +9,10 @@ prediction then takes a place in the model's queue before its body is read (refu
 `overloaded`), reads its body through the adapter's reader, loads the model (no
 suspension when it is running) and sends the batch to the model's micro-batcher.
 
+A weighted alias (`core.model_registry.Rollout`, resolved and kept with the reference) has
+one of its versions chosen per request on admission (`serving.rollout.choose`); every
+answer, metric and tap sees the version that served.
+
 Every batch a model answers is told to the plane's taps (`Served`, synchronously on the
 event loop, after the answer is in hand): what watches traffic (shadow versions, payload
 logs, drift) hangs off that one point and never on the request's path, so a tap must only
@@ -54,6 +58,7 @@ from serving.files import Checked, Upload, all_failed, fitted_all, opened_all
 from serving.metrics import ModelMetrics
 from serving.process import Closed, ForwardError, Images, Overloaded, Probabilities, Replicas
 from serving.protocol import ModelMetadata
+from serving.rollout import choose as rollout_choice
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
 from training.preprocess import Preprocessing
@@ -117,10 +122,17 @@ class DataPlane:
         return target
 
     async def predict(
-        self, ref: str, caller: Caller, files: Files, *, status_of: StatusOf
+        self,
+        ref: str,
+        caller: Caller,
+        files: Files,
+        *,
+        status_of: StatusOf,
+        session_key: str | None = None,
     ) -> Prediction:
         """Classify a request's files (read by `files` once admitted): every file bad is
-        the first one's refusal; otherwise each file's outcome."""
+        the first one's refusal; otherwise each file's outcome. `session_key` keeps a
+        caller without an API key on its version of a sticky alias."""
 
         async def classify(call: Call) -> Prediction:
             async with files() as uploads:
@@ -135,7 +147,24 @@ class DataPlane:
                 call.started,
             )
 
-        return await self._admitted(ref, caller, status_of, classify)
+        return await self._admitted(ref, caller, status_of, classify, session_key)
+
+    async def infer_served(
+        self,
+        ref: str,
+        caller: Caller,
+        body: Callable[[], Awaitable[bytes]],
+        header_length: str | None,
+        *,
+        status_of: StatusOf,
+        session_key: str | None = None,
+    ) -> tuple[infer.Answer, model_registry.Resolved]:
+        """`infer`'s answer and the version that served it (a weighted alias's choice)."""
+
+        async def answer(call: Call) -> tuple[infer.Answer, model_registry.Resolved]:
+            return await infer.answer(call, await body(), header_length), call.target
+
+        return await self._admitted(ref, caller, status_of, answer, session_key)
 
     async def infer(
         self,
@@ -145,14 +174,18 @@ class DataPlane:
         header_length: str | None,
         *,
         status_of: StatusOf,
+        session_key: str | None = None,
     ) -> infer.Answer:
         """The Open Inference Protocol's answer to an infer body (read by `body` once
         admitted): its JSON header and the raw bytes of a binary output."""
+        served = await self.infer_served(
+            ref, caller, body, header_length, status_of=status_of, session_key=session_key
+        )
+        return served[0]
 
-        async def answer(call: Call) -> infer.Answer:
-            return await infer.answer(call, await body(), header_length)
-
-        return await self._admitted(ref, caller, status_of, answer)
+    async def model_of(self, target: model_registry.Resolved) -> Replicas:
+        """The running model of a resolved version (started on a miss), as a request's."""
+        return await load(self.settings, self.models, target)
 
     async def ready(self, name: str, version: str | None, caller: Caller) -> None:
         """Return when the model resolves and may be served (it starts on its first request)."""
@@ -196,10 +229,11 @@ class DataPlane:
         caller: Caller,
         status_of: StatusOf,
         work: Callable[[Call], Awaitable[_T]],
+        session_key: str | None = None,
     ) -> _T:
         """`work(call)` for a request admitted into its model's queue; the place is given
         back after, and the answer's status and latency go to the metrics."""
-        call = await self._admit(ref, caller, status_of)
+        call = await self._admit(ref, caller, status_of, session_key)
         status = 500
         try:
             done = await work(call)
@@ -211,14 +245,21 @@ class DataPlane:
             call.release(status)
         return done
 
-    async def _admit(self, ref: str, caller: Caller, status_of: StatusOf) -> Call:
+    async def _admit(
+        self, ref: str, caller: Caller, status_of: StatusOf, session_key: str | None
+    ) -> Call:
         started = time.perf_counter()
         try:
             target = await self.target(ref, caller)
         except Exception as error:
             self.metrics.refused(status_of(error))
             raise
+        rollout = target.rollout
+        if rollout is not None:  # a weighted alias: one of its versions serves this request
+            target = rollout_choice(target, caller, session_key)
         call = Call(self.settings, self.models, target, self.metrics, started)
+        if rollout is not None:
+            call.arm = (target.model or "", rollout.alias, str(target.version))
         call.caller, call.taps = caller, self.taps
         # Before the body is read: a request the model has no place for costs nothing.
         refused = overloaded(self.models, target)
@@ -247,6 +288,7 @@ class Call:
     """A prediction request admitted into its model's queue, until `release`."""
 
     __slots__ = (
+        "arm",
         "cache",
         "caller",
         "label",
@@ -274,6 +316,7 @@ class Call:
         self.queue_forward_s = 0.0  # from the batch's submission to its probabilities
         self.caller: Caller | None = None
         self.taps: list[Tap] = []
+        self.arm: tuple[str, str, str] | None = None  # (model, alias, version) of a rollout
 
     async def model(self) -> Replicas:
         """The model of the target, started after its sha256 check on a miss (an object
@@ -335,6 +378,8 @@ class Call:
         self.released = True
         self.cache.release(self.target.sha256)
         self.metrics.answered(self.label, status, time.perf_counter() - self.started)
+        if self.arm is not None:
+            self.metrics.rolled_out(self.arm, status)
 
 
 def resolve(settings: Settings, ref: str) -> model_registry.Resolved:

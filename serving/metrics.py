@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DIFF_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
 UNRESOLVED = "(unresolved)"  # the model label of a request whose reference did not resolve
 
 
@@ -56,6 +58,49 @@ class ModelMetrics:
         )
         # Children by label: `labels()` hashes and locks each time, the hot path once.
         self._children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
+        self._rollout_series(registry)
+
+    def _rollout_series(self, registry: CollectorRegistry) -> None:
+        """The series of rollouts: requests per version of a weighted alias, and what each
+        shadow version's copies showed (`serving.rollout`)."""
+        self.rollout = Counter(
+            "resnet_rollout_requests",
+            "Requests through a weighted alias, per model, alias, version and status.",
+            ["model", "alias", "version", "status"],
+            registry=registry,
+        )
+        shadow = ["model", "shadow"]  # the primary's `name/version`, the shadow's
+        self.shadow_images = Counter(
+            "resnet_shadow_images", "Images a shadow version answered too.", shadow,
+            registry=registry,
+        )  # fmt: skip
+        self.shadow_agreed = Counter(
+            "resnet_shadow_top1_agreements",
+            "Shadowed images whose top-1 class was the primary's.",
+            shadow,
+            registry=registry,
+        )
+        self.shadow_diff = Histogram(
+            "resnet_shadow_abs_difference",
+            "Per shadowed image, the mean over classes of |p shadow - p primary|.",
+            shadow,
+            buckets=DIFF_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_latency = Histogram(
+            "resnet_shadow_duration_seconds",
+            "Seconds of a shadow's copy, from its start (the model's load included) to its answer.",
+            shadow,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_drops = Counter(
+            "resnet_shadow_dropped",
+            "Copies for a shadow not compared, per shadow and reason (shadow_busy, "
+            "primary_busy, input_differs, classes_differ, failed).",
+            ["shadow", "reason"],
+            registry=registry,
+        )
 
     def _of(self, model: str) -> tuple[Any, Any, Any, Any, Any]:
         children = self._children.get(model)
@@ -90,6 +135,26 @@ class ModelMetrics:
     def refused(self, status: int) -> None:
         """A request whose reference did not resolve (or is not the caller's to read)."""
         self.errors.labels(UNRESOLVED, str(status)).inc()
+
+    def rolled_out(self, arm: tuple[str, str, str], status: int) -> None:
+        """A request through a weighted alias (model, alias, version) was answered."""
+        self.rollout.labels(*arm, str(status)).inc()
+
+    def shadowed(
+        self, model: str, shadow: str, agreed: int, diffs: npt.NDArray[Any], seconds: float
+    ) -> None:
+        """A shadow answered a copy of `len(diffs)` images of `model` in `seconds`."""
+        self.shadow_images.labels(model, shadow).inc(len(diffs))
+        self.shadow_agreed.labels(model, shadow).inc(agreed)
+        observed = self.shadow_diff.labels(model, shadow)
+        for diff in diffs.tolist():
+            observed.observe(diff)
+        self.shadow_latency.labels(model, shadow).observe(seconds)
+
+    def shadow_dropped(self, shadow: str, reason: str) -> None:
+        """A copy for `shadow` was not compared, for `reason`."""
+        self.shadow_drops.labels(shadow, reason).inc()
+
 
 class WatchMetrics:
     """What watches served traffic, per served model (labelled as `ModelMetrics` is): the

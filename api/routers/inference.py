@@ -29,6 +29,7 @@ from core.errors import InvalidError
 from core.settings import Settings
 from serving import infer as infer_call
 from serving import protocol
+from serving.dataplane import label_of
 from serving.protocol import (
     InferRequest,
     InferResponse,
@@ -36,6 +37,7 @@ from serving.protocol import (
     ProtocolErrorOut,
     ServerMetadata,
 )
+from serving.rollout import SESSION_HEADER, VERSION_HEADER
 
 router = APIRouter(prefix="/v2", tags=["inference (Open Inference Protocol v2)"])
 PREFIX = router.prefix
@@ -242,10 +244,14 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     ref = infer_call.model_ref(name, version)
     header_length = request.headers.get(protocol.HEADER_LENGTH)
     plane = plane_of(request)
-    header, raw = await plane.infer(ref, caller, request.body, header_length, status_of=status_of)
+    session_key = request.headers.get(SESSION_HEADER)
+    (header, raw), served = await plane.infer_served(
+        ref, caller, request.body, header_length, status_of=status_of, session_key=session_key
+    )
+    served_by = {VERSION_HEADER: label_of(served)}
     if raw is None:
-        return Response(header, media_type="application/json")
-    headers = {"Inference-Header-Content-Length": str(len(header))}
+        return Response(header, media_type="application/json", headers=served_by)
+    headers = {"Inference-Header-Content-Length": str(len(header))} | served_by
     return Response(header + raw, media_type="application/octet-stream", headers=headers)
 
 

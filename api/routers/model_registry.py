@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, status
+from fastapi import APIRouter, Body, Path, Query, Request, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -15,14 +15,19 @@ from api.errors import responses
 from api.schemas import (
     AliasIn,
     AliasOut,
+    HistoryOut,
+    PromoteIn,
     RegisteredModelOut,
     RegisteredModelPage,
     RegisterIn,
     RegistryQuery,
+    ShadowComparisonOut,
+    ShadowOut,
     VersionOut,
 )
 from core import exports, kinds, listing, model_registry
-from core.db.tables import Job, ModelAlias, ModelVersion, RegisteredModel
+from core.db.tables import Job, ModelVersion, RegisteredModel
+from serving import rollout
 from serving.cache import RefCache
 
 router = APIRouter(prefix="/registry", tags=["registry"])
@@ -106,14 +111,78 @@ def set_alias(
     refs: RefsDep,
     caller: TrainCaller,
 ) -> AliasOut:
-    """Create or move an alias; the next prediction through it uses the new version.
+    """Create or move an alias; the next prediction through it uses the new state.
 
+    The body is the alias's whole state: `version`, or `weights` (version -> integer > 0,
+    at most 10 versions; each version's share of the requests), `sticky` (a caller, by
+    its API key or X-Session-Key, keeps its version while the weights hold) and `shadow`
+    (a version that takes a copy of `percent` of the requests, its answers compared and
+    never returned). What is not sent is reset. A version that does not exist is a 404.
     Only the model's owner (or an admin key) moves its aliases (403)."""
-    row = model_registry.set_alias(
+    shadow = None if body.shadow is None else (body.shadow.version, body.shadow.percent)
+    state = model_registry.set_alias(
+        session=session,
+        name=name,
+        alias=alias,
+        version=body.version,
+        weights=body.weights,
+        sticky=body.sticky,
+        shadow=shadow,
+        caller=caller,
+    )
+    _committed(session, refs)
+    return _alias_out(state)
+
+
+@router.post(
+    "/{name}/aliases/{alias}/promote",
+    summary="Serve one version of the alias alone",
+    responses=responses(401, 403, 404, 409, 422),
+)
+def promote(
+    name: str,
+    alias: str,
+    body: Annotated[PromoteIn, Body()],
+    session: SessionDep,
+    refs: RefsDep,
+    caller: TrainCaller,
+) -> AliasOut:
+    """The alias serves `version` alone from now on (weight 100, its shadow cleared).
+
+    `version` is one of the alias's weighted versions or its shadow; another is a 409
+    (move the alias with PUT instead)."""
+    state = model_registry.promote(
         session=session, name=name, alias=alias, version=body.version, caller=caller
     )
     _committed(session, refs)
-    return AliasOut(alias=row.alias, version=body.version, updated_at=row.updated_at)
+    return _alias_out(state)
+
+
+@router.get(
+    "/{name}/history", summary="The model's registry changes", responses=responses(401, 403, 404)
+)
+def history(
+    name: str,
+    session: SessionDep,
+    caller: ReadCaller,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[HistoryOut]:
+    """Newest first: versions registered and deleted, aliases set, weighted, shadowed,
+    promoted and removed; who (the key's id and name), when, and before -> after."""
+    rows = model_registry.history(session=session, name=name, caller=caller, limit=limit)
+    return [
+        HistoryOut(
+            action=row.action,
+            alias=row.alias,
+            version=row.version,
+            before=row.before,
+            after=row.after,
+            key_id=row.key_id,
+            key_name=row.key_name,
+            at=row.created_at,
+        )
+        for row in rows
+    ]
 
 
 @router.delete(
@@ -156,6 +225,32 @@ def delete_version(
     _committed(session, refs)
 
 
+@router.get(
+    "/{name}/shadow",
+    summary="Shadow versions against the versions they copy",
+    responses=responses(401, 403, 404),
+)
+def shadow(
+    name: str, request: Request, session: SessionDep, caller: ReadCaller
+) -> list[ShadowComparisonOut]:
+    """Per (served version, shadow version) of this API process: images compared, top-1
+    agreement, mean |p difference|, the shadow's latency, copies dropped and failed."""
+    model_registry.get_model(session=session, name=name, caller=caller)
+    tap = rollout.shadow_tap(request.state.plane)
+    figures = tap.figures(name) if tap is not None else []
+    return [
+        ShadowComparisonOut.model_validate(
+            {"version": _number(primary), "shadow": _number(copy)} | comparison.described()
+        )
+        for primary, copy, comparison in figures
+    ]
+
+
+def _number(label: str) -> int:
+    """The version of a `name/version` label."""
+    return int(label.rpartition("/")[2])
+
+
 def _committed(session: Session, refs: RefCache) -> None:
     """Commit a registry write, then drop the resolved references of this app."""
     # After the commit: a prediction resolving meanwhile reads the new state, or is not kept.
@@ -174,26 +269,34 @@ def _described(session: Session, models: Sequence[RegisteredModel]) -> list[Regi
         .order_by(ModelVersion.version)
     ):
         versions[version.model_id].append((version, job))
-    numbers = {version.id: version.version for rows in versions.values() for version, _ in rows}
-    aliases: defaultdict[int, list[AliasOut]] = defaultdict(list)
-    for alias in session.scalars(
-        select(ModelAlias).where(ModelAlias.model_id.in_(ids)).order_by(ModelAlias.alias)
-    ):
-        aliases[alias.model_id].append(
-            AliasOut(
-                alias=alias.alias, version=numbers[alias.version_id], updated_at=alias.updated_at
-            )
-        )
+    aliases = model_registry.aliases_of(session=session, model_ids=ids)
     return [
         RegisteredModelOut(
             name=model.name,
             owner=model.owner_key_id,
             created_at=model.created_at,
             versions=[_version_out(version, job) for version, job in versions[model.id]],
-            aliases=aliases[model.id],
+            aliases=[_alias_out(state) for state in aliases[model.id]],
         )
         for model in models
     ]
+
+
+def _alias_out(state: model_registry.AliasState) -> AliasOut:
+    """An alias's state as the API answers it."""
+    shadow = (
+        None
+        if state.shadow is None
+        else ShadowOut(version=state.shadow[0], percent=state.shadow[1])
+    )
+    return AliasOut(
+        alias=state.alias,
+        version=state.version,
+        updated_at=state.updated_at,
+        weights={str(version): weight for version, weight in sorted(state.weights.items())},
+        sticky=state.sticky,
+        shadow=shadow,
+    )
 
 
 def _version_out(version: ModelVersion, job: Job) -> VersionOut:

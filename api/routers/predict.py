@@ -36,8 +36,9 @@ from core import model_registry
 from core.errors import InvalidError
 from core.settings import Settings
 from serving.cache import ModelCache
-from serving.dataplane import Prediction
+from serving.dataplane import Prediction, label_of
 from serving.files import FILE_ERRORS, Upload
+from serving.rollout import SESSION_HEADER, VERSION_HEADER
 from training.preprocess import Preprocessing
 
 router = APIRouter(prefix="/predict", tags=["predict"])
@@ -126,7 +127,11 @@ async def predict(request: Request) -> Response:
     model, top_k = _query(request)
     plane = plane_of(request)
     prediction = await plane.predict(
-        model, caller, lambda: _files_of(request, plane.settings), status_of=errors.status_of
+        model,
+        caller,
+        lambda: _files_of(request, plane.settings),
+        status_of=errors.status_of,
+        session_key=request.headers.get(SESSION_HEADER),
     )
     answer = {
         "model": _served_model(prediction.target),
@@ -137,7 +142,8 @@ async def predict(request: Request) -> Response:
             "total_ms": (time.perf_counter() - prediction.started) * 1000,
         },
     }
-    return Response(to_json(answer), media_type="application/json")
+    served = {VERSION_HEADER: label_of(prediction.target)}
+    return Response(to_json(answer), media_type="application/json", headers=served)
 
 
 def _query(request: Request) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -332,8 +333,56 @@ class ModelAlias(Base):
         ForeignKey("registered_model.id", ondelete="CASCADE"), primary_key=True
     )
     alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # The primary: the version of greatest weight (the only one of an unweighted alias).
     version_id: Mapped[int] = mapped_column(ForeignKey("model_version.id", ondelete="RESTRICT"))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    sticky: Mapped[bool] = mapped_column(Boolean, default=False)  # a caller keeps its version
+    # A version that takes a copy of `shadow_percent` of the traffic, its answers compared only.
+    shadow_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("model_version.id", ondelete="RESTRICT")
+    )
+    shadow_percent: Mapped[int | None] = mapped_column(Integer)
+
+
+class ModelAliasWeight(Base):
+    """A version's share of a weighted alias's traffic (an unweighted alias has no rows)."""
+
+    __tablename__ = "model_alias_weight"
+
+    model_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("model_version.id", ondelete="RESTRICT"), primary_key=True
+    )
+    weight: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["model_id", "alias"],
+            ["model_alias.model_id", "model_alias.alias"],
+            ondelete="CASCADE",
+        ),
+    )
+
+
+class ModelHistory(Base):
+    """One change of a registered model (a version registered or deleted, an alias set,
+    weighted, shadowed, promoted or removed): who, when, and its state before and after."""
+
+    __tablename__ = "model_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("registered_model.id", ondelete="CASCADE"), index=True
+    )
+    action: Mapped[str] = mapped_column(String(32))
+    alias: Mapped[str | None] = mapped_column(String(64))
+    version: Mapped[int | None] = mapped_column(Integer)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_key.id", ondelete="SET NULL"))
+    key_name: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Upload(Base):
