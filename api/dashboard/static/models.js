@@ -2,6 +2,7 @@
 // a link to predict with each, and (for keys that may train) an import of weights.
 
 import { API, ApiError, api, save } from "./api.js";
+import { servedSection } from "./served.js";
 import { h, notice, number, percent, shortId, when } from "./ui.js";
 
 const PAGE_SIZE = 20;
@@ -227,6 +228,7 @@ function modelCard(model, ctx) {
       ),
       h("tbody", {}, rows),
     ),
+    servedSection(model), // what each version served: payloads, drift
   );
 }
 
