@@ -4,6 +4,8 @@
 - cli.client: `submit`, `jobs`, `edit`, `watch`, `cancel`, `retry`, `delete`, `register`,
   `download`, `workers`, `predict`, `predict-batch`, `export`, `import` (a running service,
   over HTTP)
+- cli.models: `alias`, `promote`, `history` (a model's rollout between its versions, over
+  HTTP)
 - cli.study: `study presets|run|show|extend` (the papers' experiments over seeds, searches;
   a service, or --local)
 - cli.keys: `keys create|list|revoke` (the service's database)
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 import typer
 
-from cli import client, keys, local, server, study
+from cli import client, keys, local, models, server, study
 
 app = typer.Typer(help="Train, evaluate, compare and serve the ResNets of He et al.")
 
@@ -53,6 +55,9 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "predict-batch": client.predict_batch,
     "export": client.export,
     "import": client.import_weights,
+    "alias": models.alias,
+    "promote": models.promote,
+    "history": models.history,
     "migrate": server.migrate,
     "worker": server.worker,
     "api": server.api,
