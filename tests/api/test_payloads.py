@@ -9,6 +9,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from api.app import create_app
+from client.api import Client
 from core import layout
 from core.db.session import session_scope
 from core.db.tables import Job
@@ -187,3 +189,19 @@ def test_a_clean_stop_writes_what_was_buffered(
         assert answer.status_code == 200, answer.text
     after = sum(s.records for s in payloads.segments(store_for(settings), prefix))
     assert after - before == 3
+
+
+def test_the_python_client_reads_the_log_and_the_drift(
+    served: TestClient, owner: Key, tmp_path: Path
+) -> None:
+    logged(served, f"{VERSION}/payloads", 6)
+    key = owner.headers["Authorization"].removeprefix("Bearer ")
+    # The app in this process, through the test client's transport (its lifespan's state).
+    with Client("http://testserver", key, transport=served._transport) as client:
+        segments = list(client.payloads("tiny/1", page_size=1))
+        assert segments == served.get(f"{VERSION}/payloads").json()["items"]  # every page
+        assert len(segments) >= 2
+        saved = client.download_payloads("tiny/1", segments[0]["name"], to=tmp_path)
+        assert saved.name == f"tiny-v1-{segments[0]['name']}"
+        assert len(list(payloads.read_records(saved))) == 3
+        assert client.drift("tiny/1")["window"]["images"] == 6
