@@ -18,6 +18,7 @@ from core.db.tables import ApiKey, Checkpoint, Event, Job, Upload
 from core.kinds import KINDS, shown
 from core.studies.search import Method as SearchMethod
 from core.studies.search import PrunerName
+from training.quantize import DEFAULT_BOUND_PP, DEFAULT_CALIBRATION, MAX_CALIBRATION
 from training.specs import Tag
 
 
@@ -652,7 +653,7 @@ class ShadowComparisonOut(BaseModel):
     mean_abs_diff: float | None = Field(
         description="Mean over images and classes of |p shadow - p primary|."
     )
-    mean_latency_ms: float | None = Field(description="A copy's mean latency, load included.")
+    mean_latency_ms: float | None = Field(description="A copy's mean forward latency.")
     dropped: int = Field(description="Copies shed (the shadow or the primary busy) or unfit.")
     failed: int
 
@@ -702,14 +703,49 @@ class RegisteredModelPage(BaseModel):
 
 
 class ExportIn(BaseModel):
-    """The deployment format to export a registered version to."""
+    """The deployment format to export a registered version to; for onnx_int8, how it is
+    calibrated and the bound its evaluation error is held to."""
 
     model_config = ConfigDict(extra="forbid")
 
     format: ExportFormat = Field(
-        description="onnx (ONNX Runtime, opset 20), torchscript (torch.jit.load) or "
-        "torch_export (torch.export.load, a .pt2)."
+        description="onnx (ONNX Runtime, opset 20), torchscript (torch.jit.load), "
+        "torch_export (torch.export.load, a .pt2) or onnx_int8 (ONNX Runtime's static "
+        "int8 quantization of the onnx graph, calibrated on the run's training images)."
     )
+    calibration_images: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CALIBRATION,
+        description=f"onnx_int8: training images whose activations calibrate the int8 "
+        f"ranges (default {DEFAULT_CALIBRATION}; at most the training split).",
+    )
+    max_error_increase_pp: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description=f"onnx_int8: how many percentage points of evaluation error the int8 "
+        f"graph may add to the float graph's (default {DEFAULT_BOUND_PP:g}); over it, 422 "
+        "with both errors and nothing kept.",
+    )
+    eval_limit: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="onnx_int8: evaluate both graphs on at most this many images of the "
+        "evaluation split (a seeded sample); default the whole split.",
+    )
+
+    @model_validator(mode="after")
+    def _int8_only(self) -> ExportIn:
+        given = [
+            name
+            for name in ("calibration_images", "max_error_increase_pp", "eval_limit")
+            if getattr(self, name) is not None
+        ]
+        if given and self.format != "onnx_int8":
+            raise ValueError(f"{', '.join(given)} apply to the onnx_int8 format only")
+        return self
 
 
 class ExportOut(BaseModel):
@@ -723,12 +759,17 @@ class ExportOut(BaseModel):
     bytes: int
     max_abs_diff: float = Field(
         description="The check before it was kept: max |p_export - p_eager| over 8 seeded "
-        "images, and over one (the batch axis is free)."
+        "images, and over one (the batch axis is free); for onnx_int8 the percentage "
+        "points of evaluation error it adds to the float graph's (0 when none)."
     )
-    tolerance: float = Field(description="The bound the check held it to.")
+    tolerance: float = Field(
+        description="The bound the check held it to (onnx_int8: percentage points)."
+    )
     details: dict[str, Any] = Field(
         description="softmax, input (shape, mean, std), classes, batches checked, torch "
-        "version; for ONNX the opset and ONNX Runtime version."
+        "version; for ONNX the opset and ONNX Runtime version; for onnx_int8 both errors "
+        "(float_error, int8_error) and the images they are over (eval_images, eval_split), "
+        "calibration_images, and both graphs' images/s at batch 64 here with their speedup."
     )
     file: str = Field(description="Where to download it (streamed, sha256 in a header).")
     owner: uuid.UUID | None = Field(None, description="The API key that made it (its id).")
@@ -1029,7 +1070,8 @@ class StudyIn(BaseModel):
 
 class StudyExtendIn(BaseModel):
     """More of a study: seeds for every cell (a number) or chosen cells ({cell: seeds}), or
-    trials for a search. The new jobs join the same results."""
+    trials for a search. The new jobs join the same results. A study's plan proposes one
+    (`StudyPlanOut.extend`), sent back as it comes."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -1039,7 +1081,13 @@ class StudyExtendIn(BaseModel):
         "the smallest it has not run. GET /studies/{id}/plan proposes them.",
         examples=[3, {"0": 2, "3": 4}],
     )
-    add_trials: int | None = Field(None, ge=1, le=10_000, description="Trials for a search.")
+    add_trials: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Trials for a search.",
+        exclude_if=lambda value: value is None,  # a plan's proposal adds seeds only
+    )
 
     @field_validator("add_seeds")
     @classmethod
@@ -1171,12 +1219,6 @@ class StudyComparisonsOut(BaseModel):
     comparisons: list[CellComparison]
 
 
-class StudyExtendBody(BaseModel):
-    """Seeds to add to cells: cell index -> how many more."""
-
-    add_seeds: dict[str, int]
-
-
 class StudyPlanOut(BaseModel):
     """`GET /studies/{id}/plan`: each claim's verdict and seeds needed, and the body that
     adds them (`POST /studies/{id}/extend`)."""
@@ -1185,7 +1227,7 @@ class StudyPlanOut(BaseModel):
     power: float
     test: str
     claims: list[ClaimResult]
-    extend: StudyExtendBody
+    extend: StudyExtendIn
 
 
 class StudyItem(BaseModel):

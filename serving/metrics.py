@@ -89,7 +89,7 @@ class ModelMetrics:
         )
         self.shadow_latency = Histogram(
             "resnet_shadow_duration_seconds",
-            "Seconds of a shadow's copy, from its start (the model's load included) to its answer.",
+            "Seconds from a shadow copy's submission to its answer (the model running).",
             shadow,
             buckets=LATENCY_BUCKETS,
             registry=registry,

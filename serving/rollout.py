@@ -184,8 +184,8 @@ class ShadowTap:
                 self.metrics.shadow_dropped(_label(shadow), "failed")
 
     async def _compare(self, shadow: Resolved, served: Batch) -> None:
-        started = time.perf_counter()
         model = await self.load(shadow)
+        started = time.perf_counter()  # after a cold start: the latency a request would see
         info = model.info
         if served.images.shape[1:] != (info.channels, *info.image_size):
             self._dropped(served.target, shadow, "input_differs")

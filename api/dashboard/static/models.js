@@ -1,5 +1,7 @@
 // Models: the registry (GET /registry), each model with its versions and aliases,
 // a link to predict with each, and (for keys that may train) an import of weights.
+// Each model's rollout: its aliases' weights, stickiness and shadow (with promotion for
+// keys that may train), the shadows' figures against the versions they copy, its history.
 
 import { API, ApiError, api, save } from "./api.js";
 import { servedSection } from "./served.js";
@@ -140,8 +142,8 @@ function importedCell(facts) {
 function modelCard(model, ctx) {
   const aliases = model.aliases.map((a) => [a.alias, a.version]);
   const byVersion = new Map();
-  for (const [alias, version] of aliases)
-    byVersion.set(version, [...(byVersion.get(version) ?? []), alias]);
+  for (const [version, label] of aliasLabels(model.aliases))
+    byVersion.set(version, [...(byVersion.get(version) ?? []), label]);
   const rows = model.versions.map((v) => {
     const job = v.job_id;
     return h(
@@ -228,8 +230,211 @@ function modelCard(model, ctx) {
       ),
       h("tbody", {}, rows),
     ),
+    rolloutSection(model, ctx), // each alias's weights and shadow, their figures, history
     servedSection(model), // what each version served: payloads, drift
   );
+}
+
+/** [version, label] of every version an alias serves or shadows: "production 90%",
+ * "production (shadow 20%)", or the alias alone when it serves one version. */
+function aliasLabels(aliases) {
+  const labels = [];
+  for (const a of aliases) {
+    const weights = Object.entries(a.weights ?? { [a.version]: 100 });
+    const total = weights.reduce((sum, [, w]) => sum + w, 0);
+    for (const [version, weight] of weights) {
+      const share = weights.length > 1 ? ` ${Math.round((100 * weight) / total)}%` : "";
+      labels.push([Number(version), `${a.alias}${share}`]);
+    }
+    if (a.shadow) labels.push([a.shadow.version, `${a.alias} (shadow ${a.shadow.percent}%)`]);
+  }
+  return labels;
+}
+
+/** A model's rollout: per alias its split, stickiness and shadow (promote buttons for
+ * keys that may train), the shadows' comparisons, and the registry's history on demand. */
+function rolloutSection(model, ctx) {
+  const path = `/registry/${encodeURIComponent(model.name)}`;
+  const rows = model.aliases.map((a) => {
+    const weights = Object.entries(a.weights ?? { [a.version]: 100 });
+    const total = weights.reduce((sum, [, w]) => sum + w, 0);
+    const split = weights
+      .map(([v, w]) => `v${v} ${weights.length > 1 ? `${w} (${percent(w / total)})` : ""}`)
+      .join(" · ");
+    const candidates = [
+      ...weights.map(([v]) => Number(v)),
+      ...(a.shadow ? [a.shadow.version] : []),
+    ];
+    const promote =
+      ctx.can("train") && candidates.length > 1
+        ? candidates.map((v) =>
+            h(
+              "button.secondary",
+              {
+                dataset: { action: "promote", version: v },
+                onclick: () => promoteAlias(model.name, a.alias, v),
+              },
+              `promote v${v}`,
+            ),
+          )
+        : "";
+    return h(
+      "tr",
+      { dataset: { alias: a.alias } },
+      h("td", {}, a.alias),
+      h("td", { dataset: { role: "weights" } }, split.trim()),
+      h("td", { dataset: { role: "sticky" } }, a.sticky ? "sticky" : "–"),
+      h(
+        "td",
+        { dataset: { role: "shadow" } },
+        a.shadow ? `v${a.shadow.version} (${a.shadow.percent}% copied)` : "–",
+      ),
+      h("td", {}, when(a.updated_at)),
+      h("td", {}, promote),
+    );
+  });
+  const comparisons = h("div", { dataset: { role: "shadow-figures" } });
+  if (model.aliases.some((a) => a.shadow)) {
+    api(`${path}/shadow`, { signal: ctx.signal })
+      .then((figures) => comparisons.replaceChildren(shadowTable(figures)))
+      .catch((error) => comparisons.replaceChildren(notice(error.message, true)));
+  }
+  const history = h("div", { dataset: { role: "history" } });
+  const details = h(
+    "details",
+    {
+      dataset: { role: "history-panel" },
+      ontoggle: () => {
+        if (!details.open || history.childElementCount) return;
+        api(`${path}/history?limit=50`, { signal: ctx.signal })
+          .then((entries) => history.replaceChildren(historyTable(entries)))
+          .catch((error) => history.replaceChildren(notice(error.message, true)));
+      },
+    },
+    h("summary", {}, "history"),
+    history,
+  );
+  const head = ["alias", "weights", "sticky", "shadow", "updated", ""].map((t) => h("th", {}, t));
+  return h(
+    "div",
+    { dataset: { role: "rollout" } },
+    model.aliases.length
+      ? h(
+          "table",
+          { dataset: { role: "aliases" } },
+          h("thead", {}, h("tr", {}, head)),
+          h("tbody", {}, rows),
+        )
+      : "",
+    comparisons,
+    details,
+  );
+}
+
+/** The shadows' figures against the versions they copy (this API process's count). */
+function shadowTable(figures) {
+  if (!figures.length) return notice("No copies compared by the shadow yet.");
+  const fixed = (x, digits) => (x === null ? "–" : x.toFixed(digits));
+  const head = [
+    "version",
+    "shadow",
+    "images",
+    "top-1 agreement",
+    "mean |Δp|",
+    "latency ms",
+    "dropped",
+  ];
+  return h(
+    "table",
+    { dataset: { role: "shadow" } },
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        head.map((t) => h("th", {}, t)),
+      ),
+    ),
+    h(
+      "tbody",
+      {},
+      figures.map((f) =>
+        h(
+          "tr",
+          { dataset: { version: f.version, shadow: f.shadow } },
+          h("td.num", {}, `v${f.version}`),
+          h("td.num", {}, `v${f.shadow}`),
+          h("td.num", {}, number(f.images)),
+          h("td.num", {}, f.agreement === null ? "–" : percent(f.agreement)),
+          h("td.num", {}, fixed(f.mean_abs_diff, 4)),
+          h("td.num", {}, fixed(f.mean_latency_ms, 1)),
+          h("td.num", {}, number(f.dropped + f.failed)),
+        ),
+      ),
+    ),
+  );
+}
+
+/** A registry state of the history in a few characters: weights, sticky, shadow. */
+function brief(state) {
+  if (!state) return "–";
+  if (!state.weights) return Object.values(state).join(" ");
+  const weights = Object.entries(state.weights).map(([v, w]) => `v${v}=${w}`);
+  const shadow = state.shadow ? [`shadow v${state.shadow.version}:${state.shadow.percent}%`] : [];
+  return [...weights, ...(state.sticky ? ["sticky"] : []), ...shadow].join(" ");
+}
+
+function historyTable(entries) {
+  if (!entries.length) return notice("No changes recorded.");
+  return h(
+    "table",
+    { dataset: { role: "history" } },
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        ["when", "who", "what", "before", "after"].map((t) => h("th", {}, t)),
+      ),
+    ),
+    h(
+      "tbody",
+      {},
+      entries.map((e) =>
+        h(
+          "tr",
+          { dataset: { action: e.action } },
+          h("td", {}, when(e.at)),
+          h("td", { title: e.key_id ?? "" }, e.key_name ?? (e.key_id ? shortId(e.key_id) : "–")),
+          h(
+            "td",
+            {},
+            [e.action, e.alias, e.version === null ? null : `v${e.version}`]
+              .filter(Boolean)
+              .join(" "),
+          ),
+          h("td", {}, brief(e.before)),
+          h("td", {}, brief(e.after)),
+        ),
+      ),
+    ),
+  );
+}
+
+async function promoteAlias(name, alias, version) {
+  if (!window.confirm(`Serve ${name}/${version} alone through ${alias}?`)) return;
+  try {
+    await api(
+      `/registry/${encodeURIComponent(name)}/aliases/${encodeURIComponent(alias)}/promote`,
+      { method: "POST", body: { version } },
+    );
+  } catch (error) {
+    window.alert(error.message);
+    return;
+  }
+  window.dispatchEvent(new HashChangeEvent("hashchange")); // draw the page again
 }
 
 async function setAlias(name, version) {
