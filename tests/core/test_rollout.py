@@ -113,6 +113,12 @@ def test_versions_in_a_rollout_or_its_shadow_are_not_deleted(database_url: str) 
             model_registry.delete_version(session=session, name=name, version=version)
     with session_scope(database_url) as session:
         model_registry.delete_version(session=session, name=name, version=4)
+    # Removing the alias removes its weights: then every version may go.
+    with session_scope(database_url) as session:
+        model_registry.delete_alias(session=session, name=name, alias="production")
+    with session_scope(database_url) as session:
+        for version in (1, 2, 3):
+            model_registry.delete_version(session=session, name=name, version=version)
 
 
 def test_promotion_serves_one_version_alone_and_only_a_candidate(database_url: str) -> None:
