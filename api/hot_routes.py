@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
-from starlette.types import Scope
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from api.deps import check_scope
 from api.edge import PRINCIPAL
@@ -33,12 +33,21 @@ class HotRoute(Route):
 
     def __init__(self, path: str, endpoint: Endpoint) -> None:
         super().__init__(path, endpoint, methods=["POST"], include_in_schema=False)
+        self.call = endpoint
 
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child_scope = super().matches(scope)
-        if match is not Match.NONE:
-            child_scope["route"] = self  # its template, for the request metrics
-        return match, child_scope
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Call the endpoint with the request, for a POST; else Starlette's 405.
+
+        Only the matched route runs this (the routes tried before it pay nothing more
+        than Starlette's match), and without `request_response`'s wrapping: an error
+        the endpoint raises is rendered by the app's handlers, around the router.
+        """
+        if scope["method"] != "POST":
+            await super().handle(scope, receive, send)
+            return
+        scope["route"] = self  # its template, for the request metrics
+        response = await self.call(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def hot(endpoint: Endpoint) -> Endpoint:

@@ -22,7 +22,7 @@ from core.db.session import UNAVAILABLE, session_scope
 from core.db.tables import Job
 from core.queue import enqueue_committed
 from core.settings import Settings
-from core.storage import StoreUnavailableError, shared_store
+from core.storage import StoreUnavailableError
 from core.studies import search
 from core.studies import service as studies
 from training.checkpoints import FencedOutError, FolderLockedError
@@ -30,16 +30,10 @@ from training.data import LoadedDataset
 from training.devices import default_device
 from training.environment import environment
 from worker import outcomes, resume
+from worker.homes import StoreOutageError, home_for, while_store_reachable
 from worker.limits import time_limits
 from worker.outcomes import Outcome
-from worker.sink import (
-    DatabaseSink,
-    DatabaseUnavailableError,
-    OwnerBudget,
-    StoreOutageError,
-    while_leased,
-    while_store_reachable,
-)
+from worker.sink import DatabaseSink, DatabaseUnavailableError, OwnerBudget, while_leased
 from worker.watchdog import Watchdog
 
 HANDED_BACK = "queued"  # the status of a job handed back; its outcome is written elsewhere
@@ -71,7 +65,7 @@ def execute(job_id: uuid.UUID, *, settings: Settings, worker: str) -> None:
         url=settings.database_url,
         claim=claim,
         watchdog=watchdog,
-        store=shared_store(settings),
+        home=home_for(settings, watchdog),
         budget=owner_budget(settings, job_id),
         judge=judge_of(settings, job_id),
     )

@@ -6,11 +6,11 @@ lease writes nothing more; its checkpoint files are fenced the same way
 database is unreachable a write is retried with backoff for as long as the lease lasts; then
 `DatabaseUnavailableError` stops the job, which is handed back rather than failed.
 
-With an object store (`ARTIFACT_STORE=s3`) each checkpoint, once written and hashed on the
-worker's disk, is put to the store under `jobs/<job id>/checkpoints/<file>` before its row
-names it; the objects of pruned checkpoints are deleted after their rows. A store that
-cannot be reached is retried with backoff for a lease; then `StoreOutageError` stops the
-job, which is handed back too.
+Each checkpoint goes to its `CheckpointHome` (`worker.homes`) before its row names it: the
+local folder that is the store, or an object store (`ARTIFACT_STORE=s3`) it is put to, whose
+objects of pruned checkpoints are deleted after their rows. A store that cannot be reached
+is retried with backoff for a lease; then `StoreOutageError` stops the job, which is handed
+back too.
 
 Under the folder's lock, before each checkpoint is written, the owner's artifact budget
 (`MAX_ARTIFACT_BYTES_PER_OWNER`, `core.usage`) must leave room for it: else the run's own
@@ -29,19 +29,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from core import jobs, layout, usage
+from core import jobs, usage
 from core.db.session import UNAVAILABLE, session_scope
 from core.settings import Settings
-from core.storage import Store, StoreError, StoreUnavailableError
 from core.studies import search
 from training import checkpoints
 from training.checkpoints import CheckpointInfo, Fence
+from worker.homes import RETRY_FIRST_S, RETRY_MAX_S, CheckpointHome, LocalHome
 from worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -49,15 +48,10 @@ T = TypeVar("T")
 
 FLUSH_SECONDS = 1.0  # a metric point waits at most this long before it is written...
 FLUSH_POINTS = 500  # ...or until this many points are buffered
-RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff of a write while the database is unreachable
 
 
 class DatabaseUnavailableError(RuntimeError):
     """The database stayed unreachable for as long as the job's lease allowed."""
-
-
-class StoreOutageError(RuntimeError):
-    """The object store stayed unreachable for a whole lease."""
 
 
 class ArtifactBudgetError(RuntimeError):
@@ -72,29 +66,6 @@ class OwnerBudget:
     settings: Settings
     owner: uuid.UUID | None
     checkpoint_estimate: int
-
-
-def while_store_reachable(watchdog: Watchdog, action: Callable[[], T]) -> T:
-    """Run `action`, retried with backoff while the object store is unreachable, for at most
-    a lease from the first failure (the heartbeat keeps the lease meanwhile; the job is then
-    handed back, to run again later, perhaps elsewhere)."""
-    deadline = time.monotonic() + watchdog.lease_seconds
-    delay = RETRY_FIRST_S
-    while True:
-        try:
-            return action()
-        except StoreUnavailableError as error:
-            if watchdog.lost.is_set():
-                raise jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease") from error
-            if time.monotonic() + delay > deadline or watchdog.handing_back:
-                raise StoreOutageError(
-                    f"the object store stayed unreachable for {watchdog.lease_seconds} s: {error}"
-                ) from error
-            log.warning(
-                "job %s: object store unreachable; retry in %.1f s", watchdog.claim.job_id, delay
-            )
-            time.sleep(delay)
-            delay = min(2 * delay, RETRY_MAX_S)
 
 
 def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) -> T:
@@ -126,14 +97,14 @@ class DatabaseSink:
         url: str,
         claim: jobs.Claim,
         watchdog: Watchdog,
-        store: Store | None = None,
+        home: CheckpointHome | None = None,
         budget: OwnerBudget | None = None,
         judge: search.Judge | None = None,
     ) -> None:
         self.url, self.claim, self.watchdog = url, claim, watchdog
         self.judge = judge  # a search trial's pruner, judging each point of its objective
         self.pruned: str | None = None  # why the pruner stopped the run, once it did
-        self.store = store  # the object store checkpoints go to; None: the local folder is it
+        self.home = home or LocalHome()  # where the checkpoints live beside this disk
         self.budget = budget  # None: checkpoints are neither measured nor held to a budget
         self.checkpoint_bytes: int | None = None  # the last checkpoint's, once one is written
         self.pruned_to_fit = False  # whether the budget made this run prune a checkpoint
@@ -218,8 +189,7 @@ class DatabaseSink:
     def on_checkpoint(self, info: CheckpointInfo) -> None:
         self._check_lease()
         self.flush()
-        if self.store is not None:
-            self._put(info)
+        self.home.put(info)
         previous = self.best
         if info.is_best:
             self.best = info
@@ -267,21 +237,10 @@ class DatabaseSink:
             )
         )
 
-    def _put(self, info: CheckpointInfo) -> None:
-        """Put the checkpoint's file to the object store (retried while it is unreachable)."""
-        store, key = self.store, self.key_of(info.path)
-        assert store is not None
-        while_store_reachable(self.watchdog, lambda: store.put(key, info.path, info.sha256))
-
-    def key_of(self, path: Path) -> str:
-        """The object key of one of the job's checkpoint files."""
-        return layout.checkpoint_key(self.claim.job_id, path.name)
-
     def _record(self, info: CheckpointInfo) -> None:
-        if self.store is None:
-            path, kept = recorded_path(info)
-        else:
-            path, kept = self._recorded_key(info)
+        """Write the checkpoint's row (and drop the rows of pruned ones), then let its home
+        forget what no row names."""
+        path, kept = self.home.record(info, self.best)
         self._write(
             lambda session: jobs.record_checkpoint(
                 session=session,
@@ -289,43 +248,14 @@ class DatabaseSink:
                 token=self.claim.token,
                 step=info.step,
                 epoch=info.epoch,
-                path=str(path),
+                path=path,
                 sha256=info.sha256,
                 size=info.bytes,
                 is_best=info.is_best,
                 kept=kept,
             )
         )
-        if self.store is not None:
-            self._delete_pruned({str(path), *kept})
-
-    def _recorded_key(self, info: CheckpointInfo) -> tuple[Path, list[str]]:
-        """The key a checkpoint's row names, and the keys whose rows stay: the step files
-        on this disk and the best's (whose object outlives the pruning of its file)."""
-        steps = [self.key_of(path) for path in info.path.parent.glob("step-*.pt")]
-        best = [self.key_of(self.best.path)] if self.best is not None else []
-        return Path(self.key_of(info.path)), [*steps, *best]
-
-    def _delete_pruned(self, kept: set[str]) -> None:
-        """Delete the job's checkpoint objects no row names (pruned, or put by an attempt
-        that died before recording them); one left behind goes with the job."""
-        store = self.store
-        assert store is not None
-        prefix = layout.checkpoints_prefix(self.claim.job_id)
-        try:
-            listed = while_store_reachable(self.watchdog, lambda: store.keys(prefix))
-        except (StoreError, StoreOutageError) as error:
-            log.warning(
-                "job %s: pruned checkpoints stay in the store: %s", self.claim.job_id, error
-            )
-            return
-        for key in sorted(set(listed) - kept):
-            try:
-                while_store_reachable(self.watchdog, partial(store.delete_prefix, key))
-            except (StoreError, StoreOutageError) as error:
-                log.warning(
-                    "job %s: pruned %s stays in the store: %s", self.claim.job_id, key, error
-                )
+        self.home.forget({path, *kept})
 
     def _make_room(self, budget: OwnerBudget) -> None:
         """Prune the run's own older step checkpoints, oldest first, until the next one fits
@@ -350,7 +280,7 @@ class DatabaseSink:
         room = others.limit - others.bytes
         if own + needed <= room:
             return
-        older = [(path, self._freed_by(path)) for path in step_files(directory)[:-1]]
+        older = [(path, self.home.freed_by(path, self.best)) for path in step_files(directory)[:-1]]
         if own - sum(freed for _, freed in older) + needed > room:
             kept = dataclasses.replace(others, job_bytes=others.job_bytes + own)
             raise ArtifactBudgetError(
@@ -364,7 +294,7 @@ class DatabaseSink:
         for path, freed in older:
             if own + needed <= room:
                 break
-            self._prune(path)
+            self.home.delete(path, self.best)  # its row goes with the next record
             own -= freed
             pruned.append(path.name)
         if self.pruned_to_fit:  # said once a run: later prunes are the same story
@@ -377,25 +307,6 @@ class DatabaseSink:
             f"owner's artifacts within {usage.SETTING} ({usage.mib(others.limit)}); older "
             "checkpoints go the same way as newer ones are written",
         )
-
-    def _freed_by(self, path: Path) -> int:
-        """The stored bytes pruning a step file frees: the file and its sidecar, or in a
-        bucket its object (unless the best's row names it)."""
-        if self.store is None:
-            sidecar = path.with_suffix(".sha256")
-            return path.stat().st_size + (sidecar.stat().st_size if sidecar.is_file() else 0)
-        if self.best is not None and self.best.path.name == path.name:
-            return 0
-        return path.stat().st_size
-
-    def _prune(self, path: Path) -> None:
-        """Remove a step checkpoint (and its object); its row goes with the next record."""
-        store = self.store
-        if store is not None and (self.best is None or self.best.path.name != path.name):
-            key = self.key_of(path)
-            while_store_reachable(self.watchdog, lambda: store.delete_prefix(key))
-        path.unlink(missing_ok=True)
-        path.with_suffix(".sha256").unlink(missing_ok=True)
 
     def _measure(self, settings: Settings) -> int:
         """The bytes the job's files take now, counted on this machine's disk, where each is
@@ -423,19 +334,6 @@ class DatabaseSink:
         except jobs.LeaseLost:
             self.watchdog.lost.set()
             raise
-
-
-def recorded_path(info: CheckpointInfo) -> tuple[Path, list[str]]:
-    """The file a checkpoint's row names, and the files whose rows stay.
-
-    One row per saved state. The best is recorded as best.pt, which outlives the pruning of
-    its step file (a replaced best goes back to its step file); rows of pruned files go.
-    """
-    directory = info.path.parent
-    steps = [str(path) for path in directory.glob("step-*.pt")]
-    if info.is_best:
-        return directory / checkpoints.BEST, steps
-    return info.path, [*steps, str(directory / checkpoints.BEST)]
 
 
 def step_files(directory: Path) -> list[Path]:

@@ -15,8 +15,9 @@ import pytest
 from core import layout
 from core.storage import LocalStore
 from training import checkpoints
-from worker import resume
-from worker.sink import DatabaseSink
+from training.events import EventSink
+from worker.homes import StoredHome
+from worker.watchdog import Watchdog
 
 JOB = uuid.uuid4()
 
@@ -53,7 +54,8 @@ def bucket(tmp_path: Path) -> LocalStore:
 
 
 def fetch(folder: Path, recorded: dict[str, str], bucket: LocalStore, sink: Sink) -> dict[str, str]:
-    return resume.fetch_latest(folder, recorded, bucket, cast(DatabaseSink, sink))
+    home = StoredHome(bucket, cast(Watchdog, sink.watchdog))
+    return home.fetch(folder, recorded, cast(EventSink, sink))
 
 
 def test_the_newest_recorded_checkpoint_is_fetched_with_its_sha256_beside_it(

@@ -22,10 +22,10 @@ from training.checkpoints import CheckpointInfo
 from training.events import RecordingSink
 from training.runs import json_safe
 from worker import runner
+from worker.homes import recorded_path
 from worker.limits import HARD_GRACE_S, MIN_LIMIT_S, TimeLimits, time_limits
 from worker.outcomes import failure, of_run
 from worker.resume import keep_verified_latest
-from worker.sink import recorded_path
 from worker.watchdog import CANCEL_GRACE_SECONDS, Watchdog
 
 

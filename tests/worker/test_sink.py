@@ -15,6 +15,7 @@ from core.settings import Settings
 from core.storage import store_for
 from tests.helpers import checkpoint_rows, messages, metric_counts, metric_steps, new_job
 from training.checkpoints import BEST, CheckpointInfo, sha256_of
+from worker.homes import StoredHome
 from worker.sink import DatabaseSink, DatabaseUnavailableError, while_leased
 from worker.watchdog import Watchdog
 
@@ -134,7 +135,8 @@ def test_with_a_store_each_checkpoint_is_put_and_its_row_names_its_key(
     settings: Settings, tmp_path: Path
 ) -> None:
     sink, url = _sink(settings), settings.database_url
-    store = sink.store = store_for(settings)
+    store = store_for(settings)
+    sink.home = StoredHome(store, sink.watchdog)
     job_id, folder = sink.claim.job_id, tmp_path / "checkpoints"
     sink.on_checkpoint(_checkpoint(folder, 1, is_best=True))
     sink.on_checkpoint(_checkpoint(folder, 2, is_best=False))
