@@ -34,6 +34,7 @@ from client.models import (
     Checkpoint,
     Drift,
     Event,
+    Explanation,
     Export,
     Health,
     HistoryEntry,
@@ -579,6 +580,22 @@ class Client:
             return cast(Prediction, sent)
         files = [("files", _file(image, n)) for n, image in enumerate(cast(list[Image], many))]
         return cast(Prediction, self._json("POST", "/predict", params=params, files=files))
+
+    def explain(
+        self, images: Sequence[Image] | Image, model: str, *, target: str | int = "top"
+    ) -> Explanation:
+        """The Grad-CAM of each image (at most EXPLAIN_MAX_IMAGES) by `model` for `target`:
+        `top` (each image's top class), a class name or an index."""
+        many = images if isinstance(images, list | tuple) and not _named(images) else [images]
+        files = [("files", _file(image, n)) for n, image in enumerate(cast(list[Image], many))]
+        params = {"model": model, "class": str(target)}
+        return cast(Explanation, self._json("POST", "/explain", params=params, files=files))
+
+    def explain_png(self, image: Image, model: str, *, target: str | int = "top") -> bytes:
+        """One image's Grad-CAM overlay (PNG) by `model` for `target` (as `explain`)."""
+        params = {"model": model, "class": str(target), "format": "png"}
+        files = [("files", _file(image, 0))]
+        return self._send("POST", "/explain", params=params, files=files).content
 
     def health(self) -> Health:
         """Whether the process is up."""

@@ -559,6 +559,27 @@ class Prediction(TypedDict):
     timing: Timing
 
 
+class ExplainedImage(TypedDict):
+    file: str
+    resize: Literal["none", "resize", "resize+center-crop"]
+    explained: ClassScore  # the class explained and its probability
+    heatmap: list[list[float]]  # [h][w] at the layer's resolution, 0..1
+    upsampled: list[list[float]]  # [H][W] at the net's input size, 0..1
+
+
+class ExplainTiming(TypedDict):
+    explain_ms: float
+    total_ms: float
+
+
+class Explanation(TypedDict):
+    model: ServedModel
+    preprocessing: Preprocessing
+    layer: str  # the net's last residual stage
+    results: list[ExplainedImage]
+    timing: ExplainTiming
+
+
 class Health(TypedDict):
     status: NotRequired[str]  # "ok"
 

@@ -52,6 +52,7 @@ ANSWERS: dict[tuple[str, str], Any] = {
     ("get", "/jobs/{job_id}/payloads"): models.PayloadPage,
     ("get", "/jobs/{job_id}/drift"): models.Drift,
     ("post", "/predict"): models.Prediction,
+    ("post", "/explain"): models.Explanation,
     ("get", "/healthz"): models.Health,
     ("get", "/readyz"): models.Ready,
     ("get", "/whoami"): models.Session,
