@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -122,6 +123,12 @@ class PayloadLog:
             self.metrics.dropped.labels(label_of(served.target)).inc(len(picked) - len(kept))
         if not kept:
             return
+        if len(kept) < count:  # only the drawn images stay in memory, not their whole batch
+            drawn = list(kept)
+            served = dataclasses.replace(
+                served, images=served.images[drawn], probabilities=served.probabilities[drawn]
+            )
+            kept = tuple(range(len(drawn)))
         self.buffer.append(Sampled(served, kept, time.time(), self.classes(served.target.sha256)))
         self.buffered += len(kept)
         if self.buffered >= self.settings.payload_log_batch and self._wake is not None:

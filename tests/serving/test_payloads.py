@@ -104,6 +104,9 @@ def test_a_full_buffer_drops_and_counts_what_it_cannot_hold(
         log.tap(batch(4, seed))
     assert log.buffered == 5
     assert [len(sampled.indexes) for sampled in log.buffer] == [4, 1]
+    # The image kept of the second batch is held alone, not with the batch it came in.
+    assert log.buffer[1].served.images.shape == (1, 3, 4, 4)
+    assert np.array_equal(log.buffer[1].served.images[0], batch(4, 1).images[0])
     assert log.dropped == 7
     assert counted(log, "dropped", model="digits/2") == 7
 
