@@ -30,12 +30,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from training import gradcam
 from training.data import DatasetInfo, FileSplit, LoadedDataset, TensorSplit
 from training.datasets.archives import MAX_BYTES, MAX_ENTRIES
 from training.datasets.imagefolder import find_tree
 from training.datasets.images import open_image
 from training.evaluation_data import load_for_reading, nonempty_split
 from training.events import EventSink
+from training.pipeline import Normalise
 from training.predictor import Predictor
 from training.preprocess import Preprocessing
 from training.specs import DatasetSpec, ImageFolderSpec
@@ -260,3 +262,52 @@ def predict_split(
     error = 1 - int(confusion.diag().sum()) / total
     top_k_error = 1 - top_k_hits / total
     return Prediction(total, k, True, error, top_k_error, files, total / elapsed, stopped=False)
+
+
+HEATMAPS = "heatmaps.npz"
+
+
+def overlay_name(index: int) -> str:
+    """The file name of the overlay of the split's image `index` (in file order)."""
+    return f"heatmap-{index:05d}.png"
+
+
+def explain_split(
+    model: torch.nn.Module,
+    preprocessing: Preprocessing,
+    images: Images,
+    *,
+    out_dir: Path,
+    count: int,
+    label: bool,
+) -> list[Path]:
+    """The Grad-CAM of the split's first `count` images (`gradcam.grad_cam`, for each
+    image's top class, or with `label` its dataset label): an overlay PNG per image and the
+    arrays in `heatmaps.npz` (names, classes, probabilities, maps, upsampled maps)."""
+    net = gradcam.explainable(model)
+    device = next(net.parameters()).device
+    normalise = Normalise(preprocessing, device, channels_last=False)
+    count = min(count, len(images))
+    batch = images.read(0, count)
+    wanted: list[int | None] = images.labels[:count].tolist() if label else [None] * count
+    heatmaps = gradcam.grad_cam(net, normalise(batch.to(device)), wanted)
+    files = []
+    for index, (image, heatmap) in enumerate(zip(batch.numpy(), heatmaps.upsampled, strict=True)):
+        target = out_dir / overlay_name(index)
+        temp = _temp_of(target)
+        gradcam.overlay(image, heatmap).save(temp, format="PNG")
+        os.replace(temp, target)
+        files.append(target)
+    arrays = out_dir / HEATMAPS
+    temp = _temp_of(arrays).with_suffix(".npz")
+    np.savez_compressed(
+        temp,
+        files=np.array(images.names[:count]),
+        classes=np.array(heatmaps.classes),
+        probabilities=np.array(heatmaps.probabilities, dtype=np.float32),
+        heatmaps=heatmaps.maps,
+        upsampled=heatmaps.upsampled,
+        layer=np.array(heatmaps.layer),
+    )
+    os.replace(temp, arrays)
+    return [*files, arrays]

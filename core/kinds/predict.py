@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from sqlalchemy.orm import Session
 
 import models
@@ -29,10 +29,17 @@ from core.kinds.reads import check_dataset
 from core.owners import ANYONE, Caller
 from core.resources import ResourcesSpec
 from core.settings import Settings
-from training.batch_predict import Format, Prediction, images_of, predict_split
+from training.batch_predict import (
+    Format,
+    Images,
+    Prediction,
+    explain_split,
+    images_of,
+    predict_split,
+)
 from training.checkpoints import sha256_of
 from training.predictor import Predictor
-from training.runs import json_safe
+from training.runs import json_safe, load_trained_model
 from training.specs import INT32_MAX, DatasetSpec, Spec, Tag
 
 
@@ -46,6 +53,20 @@ class PinnedModel(Spec):
     step: int = Field(ge=0, le=INT32_MAX)
     path: str
     sha256: str
+
+
+MAX_EXPLAINED = 256  # overlays one job writes at most
+
+
+class BatchExplain(Spec):
+    """Grad-CAM heatmaps of the split's first images, written beside the predictions."""
+
+    images: int = Field(
+        16, ge=1, le=MAX_EXPLAINED, description="The first N images, in file order."
+    )
+    target: Literal["top", "label"] = Field(
+        "top", description="The class explained: each image's top class, or its label."
+    )
 
 
 class PredictJobSpec(Spec):
@@ -66,6 +87,11 @@ class PredictJobSpec(Spec):
     format: Literal["csv", "jsonl", "both"] = Field(
         "csv", description="csv: top-k per row; jsonl: also every class's probability."
     )
+    explain: BatchExplain | None = Field(
+        None,
+        description="Also write Grad-CAM overlays (heatmap-NNNNN.png) and heatmaps.npz for "
+        "the first images; true: the first 16, for their top class.",
+    )
     resolved: PinnedModel | None = Field(
         None, description="Filled in on submission: the checkpoint `model` named then."
     )
@@ -74,6 +100,14 @@ class PredictJobSpec(Spec):
         description="What the job needs of a worker (default any: one pass over the split); "
         "the stored spec has it filled in.",
     )
+
+    @field_validator("explain", mode="before")
+    @classmethod
+    def _explain_shorthand(cls, value: object) -> object:
+        """`true` is the default explanation, `false` none."""
+        if isinstance(value, bool):
+            return {} if value else None
+        return value
 
     @model_validator(mode="after")
     def _one_device(self) -> PredictJobSpec:
@@ -172,8 +206,34 @@ def run(spec: PredictJobSpec, context: RunContext) -> dict[str, Any]:
                 f"{split}/top{result.top_k}_error": result.top_k_error,
             },
         )
-    listed = [_publish(context, file) for file in result.files]
+    files = result.files
+    if spec.explain is not None:
+        files = [*files, *_explained(spec.explain, path, pinned.sha256, images, context)]
+    listed = [_publish(context, file) for file in files]
     return summary(spec, result, listed, time.perf_counter() - started)
+
+
+def _explained(
+    explain: BatchExplain, path: Path, sha256: str, images: Images, context: RunContext
+) -> list[Path]:
+    """Grad-CAM of the split's first images on the checkpoint's own net (the served form
+    folds its batch norms): the overlays and the arrays, written into the job's folder."""
+    trained = load_trained_model(path, sha256=sha256, device=context.device)
+    if explain.target == "label" and images.classes != trained.info.classes:
+        raise InvalidError(
+            "explain.target label needs a dataset whose classes are the model's; use top"
+        )
+    context.sink.on_event(
+        "info", f"explaining the first {min(explain.images, len(images))} images (Grad-CAM)"
+    )
+    return explain_split(
+        trained.model,
+        trained.preprocessing,
+        images,
+        out_dir=artifacts.job_dir(context.settings, context.job_id),
+        count=explain.images,
+        label=explain.target == "label",
+    )
 
 
 def _macs_per_image(predictor: Predictor) -> float:
