@@ -656,7 +656,9 @@ def report_overload(run: Overload, mode: str, queue: int, seconds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10, help="Per wrk run.")
-    parser.add_argument("--replicas", type=int, default=1, help="PREDICT_REPLICAS.")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="PREDICT_REPLICAS (0: two on 2 cores or more)."
+    )
     parser.add_argument("--threads", type=int, default=0, help="PREDICT_THREADS (0: cores).")
     parser.add_argument("--auth", action="store_true", help="Serve with API keys required.")
     parser.add_argument(
