@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import gzip
 import hashlib
 import io
@@ -125,9 +124,8 @@ class PayloadLog:
             return
         if len(kept) < count:  # only the drawn images stay in memory, not their whole batch
             drawn = list(kept)
-            served = dataclasses.replace(
-                served, images=served.images[drawn], probabilities=served.probabilities[drawn]
-            )
+            images, probabilities = served.images[drawn], served.probabilities[drawn]
+            served = Served(served.target, served.caller, images, probabilities, served.latency_s)
             kept = tuple(range(len(drawn)))
         self.buffer.append(Sampled(served, kept, time.time(), self.classes(served.target.sha256)))
         self.buffered += len(kept)
