@@ -81,13 +81,8 @@ class ServingOptions:
     replicas: int = 1  # processes per model; 0: `replicas_for` picks by the cores
     device: str = "cpu"
     fold: bool = True  # serve `training.predictor.serving_form` (batch norms folded)
-    backend: str = "torch"  # one of BACKENDS (the app passes PREDICT_BACKEND)
+    backend: str = "torch"  # torch or onnxruntime (the app passes PREDICT_BACKEND)
     start_timeout_s: float = 120.0
-    precision: str = "fp32"  # the torch backend's: fp32, bf16 or fp16 (PREDICT_PRECISION)
-    precision_tolerance: float = DEFAULT_PRECISION_TOLERANCE
-    # onnxruntime_int8: a checkpoint's kept int8 graph (its local file and sha256), or a
-    # `CheckpointError` saying how to make one (the app passes `core.exports.int8_graph`).
-    int8_graph: Callable[[str], tuple[Path, str]] | None = None
 
     def __post_init__(self) -> None:
         if self.replicas == 0:  # frozen: the choice is made once, here
