@@ -179,8 +179,10 @@ class ShadowTap:
             try:
                 await self._compare(shadow, served)
             except Exception:  # a shadow never fails anything but its own figures
-                log.exception("the shadow %s/%s failed", shadow.model, shadow.version)
-                self._of(served.target, shadow).failed += 1
+                figures = self._of(served.target, shadow)
+                if not figures.failed:  # once per pair: a broken shadow fails every copy
+                    log.exception("the shadow %s failed on a copy", _label(shadow))
+                figures.failed += 1
                 self.metrics.shadow_dropped(_label(shadow), "failed")
 
     async def _compare(self, shadow: Resolved, served: Batch) -> None:

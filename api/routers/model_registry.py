@@ -100,7 +100,7 @@ def register_version(
 
 @router.put(
     "/{name}/aliases/{alias}",
-    summary="Point an alias at a version",
+    summary="Set an alias: one version, or weights per version, sticky, a shadow",
     responses=responses(401, 403, 404, 422),
 )
 def set_alias(
