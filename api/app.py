@@ -6,6 +6,7 @@ that is not migrated to head, unless MIGRATE_ON_START is set (the embedded mode)
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -43,6 +44,7 @@ from api.routers import (
 from api.schemas import API_PREFIX
 from api.telemetry import RequestMetrics, Telemetry
 from core.db import schema
+from core.exports import int8_graph
 from core.settings import Settings, get_settings
 from core.uploads import sweep_temporaries
 from serving import rollout
@@ -51,7 +53,7 @@ from serving.dataplane import DataPlane
 from serving.drift import DriftMonitor
 from serving.explain import Explainers, ExplainOptions
 from serving.metrics import WatchMetrics
-from serving.process import ServingOptions
+from serving.process import ServingOptions, check_serving
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +218,11 @@ def _model_cache(settings: Settings, on_batch: Callable[[str, int], None]) -> Mo
         device=settings.predict_device,
         fold=settings.predict_fold_batch_norm,
         backend=settings.predict_backend,
+        precision=settings.predict_precision,
+        precision_tolerance=settings.predict_precision_tolerance,
+        int8_graph=functools.partial(int8_graph, settings),
     )
+    check_serving(options)  # a backend, device or precision that cannot run: refused now
     return ModelCache(
         max_models=settings.predict_cache_models,
         max_bytes=settings.predict_cache_bytes,

@@ -26,5 +26,5 @@ FINAL_STATUSES: tuple[JobStatus, ...] = ("succeeded", "failed", "cancelled", "pr
 Scope = Literal["read", "train", "predict", "admin"]  # admin holds every scope
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 
-ExportFormat = Literal["onnx", "torchscript", "torch_export"]
+ExportFormat = Literal["onnx", "torchscript", "torch_export", "onnx_int8"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)

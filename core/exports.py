@@ -7,6 +7,12 @@ export within the bound is put to the artifact store, beside its job's checkpoin
 (`core.layout`):
 
     jobs/<job id>/exports/<version row id>/model.onnx | model.torchscript.pt | model.pt2
+                                          | model.int8.onnx
+
+An int8 graph (`onnx_int8`, `training.quantize`) is calibrated on the run's training images
+(read from `DATA_DIR`) and kept only when its evaluation error is within the request's bound
+of the float graph's; the figures go into the row's details. A model process serves it
+with `PREDICT_BACKEND=onnxruntime_int8` (`int8_graph` finds it).
 
 A `model_export` row records its path (what the store records for it: a key in a bucket,
 else the local store's absolute path, as checkpoint rows do), sha256, size and the check's
@@ -27,15 +33,17 @@ from sqlalchemy.orm import Session
 
 from core import artifacts, layout, model_registry, usage
 from core.claims import Claims, claims
-from core.db.tables import ModelExport, ModelVersion
+from core.db.session import session_scope
+from core.db.tables import ModelExport, ModelVersion, RegisteredModel
 from core.errors import NotFoundError
 from core.owners import Caller
 from core.settings import Settings
 from core.storage import store_for
-from training import export, exporter
+from training import export, exporter, quantize
 from training.checkpoints import CheckpointError, sha256_of
 
 READ_CHUNK = 1024 * 1024
+EXPORTS_ROUTE = "/api/v1/registry/{name}/versions/{version}/exports"
 
 
 def find(*, session: Session, version_id: int, fmt: str) -> ModelExport | None:
@@ -78,6 +86,7 @@ def create(
     version: int,
     fmt: export.Format,
     caller: Caller,
+    int8: quantize.Int8Options | None = None,
 ) -> tuple[ModelExport, bool]:
     """The version's export in `fmt`, and whether it was made now: the stored one as is, or
     one made, checked and stored (the model's owner or an admin key).
@@ -88,7 +97,9 @@ def create(
     it; a key makes `EXPORTS_PER_KEY` at most at once (`ExportsBusyError` past that).
 
     `ExportMismatchError` when the export is farther from the eager net than the bound (it
-    is not kept); `ExportFailedError` when its process fails or runs out of time;
+    is not kept); for onnx_int8 (calibrated and judged as `int8` says), `Int8OverBoundError`
+    when its evaluation error is over the bound and `QuantizationDataError` when the run's
+    data cannot be read; `ExportFailedError` when its process fails or runs out of time;
     `CheckpointError` or `StoreUnavailableError` from the checkpoint's fetch;
     `InvalidError` for a new export when the caller keeps its whole artifact budget."""
     target = _exportable(session, name, version, caller)
@@ -104,7 +115,7 @@ def create(
         if found is not None:
             return found, False
         session.commit()
-        row = _made(settings, target, fmt, caller)
+        row = _made(settings, target, fmt, caller, int8)
         try:
             _exportable(session, name, version, caller)  # the model's row locked again
         except NotFoundError:  # the version was deleted meanwhile, with its exports' files
@@ -139,7 +150,11 @@ def _take_turn(held: Claims, settings: Settings, caller: Caller, target: ModelVe
 
 
 def _made(
-    settings: Settings, target: ModelVersion, fmt: export.Format, caller: Caller
+    settings: Settings,
+    target: ModelVersion,
+    fmt: export.Format,
+    caller: Caller,
+    int8: quantize.Int8Options | None,
 ) -> ModelExport:
     """The version's export in `fmt`, made in a process of its own, checked and stored; its
     row, not yet added."""
@@ -155,6 +170,9 @@ def _made(
             path,
             timeout_s=settings.export_timeout_s,
             tolerance=export.TOLERANCE,
+            int8=exporter.Int8Request(
+                int8 or quantize.Int8Options(), settings.data_dir, settings.allow_downloads
+            ),
         )
         sha256, size = sha256_of(path), path.stat().st_size
         store.put(object_key, path, sha256)
@@ -168,6 +186,46 @@ def _made(
         tolerance=checked.tolerance,
         details=checked.details,
         owner_key_id=caller.owner,
+    )
+
+
+def int8_graph(settings: Settings, sha256: str) -> tuple[Path, str]:
+    """The kept int8 graph of a version that serves the checkpoint `sha256`: its local file
+    (fetched from a bucket first) and sha256; `CheckpointError` saying how to make one when
+    no such version has one."""
+    with session_scope(settings.database_url) as session:
+        query = (
+            select(ModelExport.path, ModelExport.sha256)
+            .join(ModelVersion, ModelVersion.id == ModelExport.version_id)
+            .where(ModelVersion.sha256 == sha256, ModelExport.format == "onnx_int8")
+            .order_by(ModelExport.id)
+        )
+        found = session.execute(query).first()
+        if found is None:
+            raise CheckpointError(_no_int8_graph(session, sha256))
+    path, digest = found
+    return artifacts.local_file(settings, path, digest), digest
+
+
+def _no_int8_graph(session: Session, sha256: str) -> str:
+    """Why a checkpoint has no int8 graph to serve, and how to make one."""
+    query = (
+        select(RegisteredModel.name, ModelVersion.version)
+        .join(ModelVersion, ModelVersion.model_id == RegisteredModel.id)
+        .where(ModelVersion.sha256 == sha256)
+        .order_by(ModelVersion.id)
+    )
+    version = session.execute(query).first()
+    served = "PREDICT_BACKEND=onnxruntime_int8 serves a version's kept int8 graph"
+    if version is None:
+        return (
+            f"{served}, and this checkpoint is no registered version; register it, then "
+            'POST its exports with {"format": "onnx_int8"}'
+        )
+    name, number = version
+    return (
+        f"{served}, and {name}/{number} has none; make one with POST "
+        f'{EXPORTS_ROUTE.format(name=name, version=number)} {{"format": "onnx_int8"}}'
     )
 
 

@@ -290,13 +290,29 @@ class Settings(BaseSettings):
         description="Processes serving each loaded model, each batching (a request goes to "
         "the least busy); 0: two on a machine of two cores or more, else one.",
     )
-    predict_backend: Literal["auto", "torch", "onnxruntime"] = Field(
+    predict_backend: Literal["auto", "torch", "onnxruntime", "onnxruntime_int8"] = Field(
         "auto",
         description="What runs a model process's forward passes: torch (the folded PyTorch "
-        "net) or onnxruntime (that net exported to ONNX in memory, checked within 1e-4 of "
-        "torch's probabilities, run by ONNX Runtime on the CPU); auto: onnxruntime on the "
-        "CPU (ResNet-20 here: 1.1x to 2.4x torch's images/s, 1.8x to 2x its requests/s "
-        "served), torch on a GPU.",
+        "net), onnxruntime (that net exported to ONNX in memory, checked within 1e-4 of "
+        "torch's probabilities, run by ONNX Runtime on the CPU, or by its CUDA provider "
+        "with PREDICT_DEVICE=cuda where onnxruntime-gpu is installed) or onnxruntime_int8 "
+        "(the version's kept onnx_int8 export on the CPU; a version without one is refused "
+        "with 409); auto: onnxruntime on the CPU (ResNet-20 here: 1.1x to 2.4x torch's "
+        "images/s, 1.8x to 2x its requests/s served), torch on a GPU or in bf16/fp16.",
+    )
+    predict_precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="The torch backend's precision: the net's weights cast to bf16 or fp16 "
+        "(images normalised in fp32, then cast; softmax in fp32), once its probabilities on "
+        "a seeded probe batch are within PREDICT_PRECISION_TOLERANCE of fp32's.",
+    )
+    predict_precision_tolerance: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="The most a bf16/fp16 net's probabilities may differ from fp32's on the "
+        "probe batch when its model starts (ResNet-8 on digits: 9e-3 in bf16, 1.5e-3 in "
+        "fp16); beyond it the model is refused (409) with the difference.",
     )
     predict_device: str = Field(
         "cpu",
@@ -309,18 +325,6 @@ class Settings(BaseSettings):
         le=60_000,
         description="How long an API process reuses a resolved model reference; a registry "
         "change made through another process reaches its predictions within this time.",
-    )
-    grpc_port: int = Field(
-        0,
-        ge=0,
-        le=65_535,
-        description="The port of the Open Inference Protocol over gRPC, served by the API "
-        "process beside HTTP; 0: off (`resnet-service api` and `up` serve it at 8001 unless "
-        "GRPC_PORT or --grpc-port says otherwise).",
-    )
-    grpc_host: str = Field(
-        "127.0.0.1",
-        description="The interface the gRPC port binds (`resnet-service api` sets its --host).",
     )
     explain_max_images: int = Field(
         4, ge=1, le=64, description="Most images in one explanation request (413 beyond)."
@@ -340,7 +344,18 @@ class Settings(BaseSettings):
         ge=0,
         description="Intra-op threads of each explain process; 0: the cores but one.",
     )
-
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65_535,
+        description="The port of the Open Inference Protocol over gRPC, served by the API "
+        "process beside HTTP; 0: off (`resnet-service api` and `up` serve it at 8001 unless "
+        "GRPC_PORT or --grpc-port says otherwise).",
+    )
+    grpc_host: str = Field(
+        "127.0.0.1",
+        description="The interface the gRPC port binds (`resnet-service api` sets its --host).",
+    )
     payload_log_sample: float = Field(
         0.0,
         ge=0,

@@ -40,15 +40,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnxruntime
 import torch
 from starlette.concurrency import run_in_threadpool
 from torch import Tensor
 
 from training import export
-from training.checkpoints import CheckpointError
+from training.checkpoints import CheckpointError, sha256_of
 from training.data import DatasetInfo
 from training.pipeline import Normalise
-from training.predictor import Predictor
+from training.predictor import DEFAULT_PRECISION_TOLERANCE, DTYPES, Predictor
 from training.preprocess import Preprocessing
 
 _LENGTH = struct.Struct("!Q")
@@ -81,8 +82,13 @@ class ServingOptions:
     replicas: int = 1  # processes per model; 0: `replicas_for` picks by the cores
     device: str = "cpu"
     fold: bool = True  # serve `training.predictor.serving_form` (batch norms folded)
-    backend: str = "torch"  # torch or onnxruntime (the app passes PREDICT_BACKEND)
+    backend: str = "torch"  # one of BACKENDS (the app passes PREDICT_BACKEND)
     start_timeout_s: float = 120.0
+    precision: str = "fp32"  # the torch backend's: fp32, bf16 or fp16 (PREDICT_PRECISION)
+    precision_tolerance: float = DEFAULT_PRECISION_TOLERANCE
+    # onnxruntime_int8: a checkpoint's kept int8 graph (its local file and sha256), or a
+    # `CheckpointError` saying how to make one (the app passes `core.exports.int8_graph`).
+    int8_graph: Callable[[str], tuple[Path, str]] | None = None
 
     def __post_init__(self) -> None:
         if self.replicas == 0:  # frozen: the choice is made once, here
@@ -140,15 +146,24 @@ class ModelProcess:
         self.listener = asyncio.ensure_future(self._listen())
 
     @classmethod
-    async def start(cls, path: Path, sha256: str, options: ServingOptions) -> ModelProcess:
-        """Start a process serving the checkpoint; `CheckpointError` if it cannot load it."""
+    async def start(
+        cls,
+        path: Path,
+        sha256: str,
+        options: ServingOptions,
+        graph: tuple[Path, str] | None = None,
+    ) -> ModelProcess:
+        """Start a process serving the checkpoint (by its int8 `graph` for that backend);
+        `CheckpointError` if it cannot load it."""
         ours, theirs = socket.socketpair()
         command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno())]
         command += ["--checkpoint", str(path), "--sha256", sha256, "--device", options.device]
         command += ["--max-batch", str(options.max_batch), "--max-wait-s", str(options.max_wait_s)]
         command += ["--threads", str(options.threads or threads_for(options.replicas))]
         command += ["--fold"] if options.fold else []
-        command += ["--backend", options.backend]
+        command += ["--backend", options.backend, "--precision", options.precision]
+        command += ["--precision-tolerance", repr(options.precision_tolerance)]
+        command += ["--graph", str(graph[0]), "--graph-sha256", graph[1]] if graph else []
         # Idle OpenMP threads sleep instead of spinning, leaving the CPU to the event loop.
         env = {"OMP_WAIT_POLICY": "PASSIVE"} | os.environ
         with theirs:
@@ -278,7 +293,12 @@ class Replicas:
     @classmethod
     async def start(cls, path: Path, sha256: str, options: ServingOptions) -> Replicas:
         """Start `options.replicas` processes; if one cannot load, stop the others and raise."""
-        starts = [ModelProcess.start(path, sha256, options) for _ in range(options.replicas)]
+        graph = None
+        if options.backend == "onnxruntime_int8":
+            if options.int8_graph is None:
+                raise CheckpointError("the onnxruntime_int8 backend was given no int8 graphs")
+            graph = await run_in_threadpool(options.int8_graph, sha256)
+        starts = [ModelProcess.start(path, sha256, options, graph) for _ in range(options.replicas)]
         started = await asyncio.gather(*starts, return_exceptions=True)
         processes = [p for p in started if isinstance(p, ModelProcess)]
         failure = next((p for p in started if isinstance(p, BaseException)), None)
@@ -432,39 +452,81 @@ def by_batch_size(forward: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Ten
     return run
 
 
-BACKENDS = ("auto", "torch", "onnxruntime")
+BACKENDS = ("auto", "torch", "onnxruntime", "onnxruntime_int8")
+PRECISIONS = tuple(DTYPES)
+CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
-def backend_for(backend: str, device: str) -> str:
-    """The backend that runs a model's forward passes: `auto` is ONNX Runtime on the CPU
-    (ResNet-20's served net here: 2.4x torch's images/s at batch 1, 1.1x at 64, and 1.8x
-    to 2x the requests/s served; `python -m bench.backends`) and torch on a GPU."""
+def backend_for(backend: str, device: str, precision: str = "fp32") -> str:
+    """The backend that runs a model's forward passes, or a `ValueError` saying why the
+    combination cannot run here. `auto` is ONNX Runtime on the CPU in fp32 (ResNet-20's
+    served net here: 2.4x torch's images/s at batch 1, 1.1x at 64, and 1.8x to 2x the
+    requests/s served; `python -m bench.backends`), and torch on a GPU or in bf16/fp16."""
+    cuda = device.startswith("cuda")
     if backend == "auto":
-        return "torch" if device.startswith("cuda") else "onnxruntime"
-    if backend == "onnxruntime" and device.startswith("cuda"):
+        return "torch" if cuda or precision != "fp32" else "onnxruntime"
+    if backend != "torch" and precision != "fp32":
         raise ValueError(
-            "the onnxruntime backend runs on the CPU; set PREDICT_DEVICE=cpu or "
-            "PREDICT_BACKEND=torch (or auto)"
+            f"PREDICT_PRECISION={precision} applies to the torch backend; set "
+            "PREDICT_BACKEND=torch (or auto), or PREDICT_PRECISION=fp32"
+        )
+    if backend == "onnxruntime_int8" and cuda:
+        raise ValueError(
+            "the onnxruntime_int8 backend runs its int8 graphs on the CPU; set "
+            "PREDICT_DEVICE=cpu, or serve the GPU with PREDICT_BACKEND=torch"
+        )
+    if backend == "onnxruntime" and cuda and CUDA_PROVIDER not in ort_providers():
+        raise ValueError(
+            f"PREDICT_DEVICE={device} with the onnxruntime backend needs ONNX Runtime's "
+            f"{CUDA_PROVIDER}; this onnxruntime runs on the CPU only (providers: "
+            f"{', '.join(ort_providers())}): install onnxruntime-gpu, or set "
+            "PREDICT_BACKEND=torch"
         )
     return backend
 
 
-def onnxruntime_forward(predictor: Predictor, threads: int) -> Callable[[Tensor], Tensor]:
+def ort_providers() -> list[str]:
+    """The execution providers this onnxruntime was built with."""
+    return list(onnxruntime.get_available_providers())
+
+
+def check_serving(options: ServingOptions) -> None:
+    """`ValueError` when the options' backend, device and precision cannot serve here: said
+    when the app starts, not at a model's first request."""
+    backend_for(options.backend, options.device, options.precision)
+
+
+Forward = Callable[[Tensor], Tensor]  # a uint8 batch's probabilities
+
+
+def onnxruntime_forward(predictor: Predictor, threads: int, device: str = "cpu") -> Forward:
     """The predictor's net (with its softmax) exported to ONNX in memory and run by ONNX
-    Runtime on the CPU: uint8 batch in, probabilities out.
+    Runtime: on the CPU, or by its CUDA provider for a cuda device.
 
     Checked first like a stored export: probabilities within `training.export.TOLERANCE`
     of the torch net's on the seeded check batch, else `ExportMismatchError`. Batches under
     `SMALL_BATCH` run on a session of one intra-op thread, as the torch backend does.
     """
-    net = export.with_softmax(predictor.model)
+    net = export.with_softmax(predictor.model).to("cpu")  # exported and checked on the CPU
     batch = export.check_batch(predictor.info)
     model = export.onnx_bytes(net, batch)
-    small = export.ort_session(model, threads=1)
-    large = export.ort_session(model, threads=threads) if threads > 1 else small
+    cuda = device.startswith("cuda")
+    providers = (CUDA_PROVIDER, "CPUExecutionProvider") if cuda else ("CPUExecutionProvider",)
+    small = export.ort_session(model, 1, providers)
+    large = export.ort_session(model, threads, providers) if threads > 1 else small
     difference = export.max_abs_diff(lambda x: export.run_ort(large, x), net, batch)
     if not difference <= export.TOLERANCE:
         raise export.ExportMismatchError("onnx", difference)
+    return _sessions_forward(predictor, small, large)
+
+
+def _sessions_forward(
+    predictor: Predictor,
+    small: onnxruntime.InferenceSession,
+    large: onnxruntime.InferenceSession,
+) -> Forward:
+    """Normalise a uint8 batch as the torch backend does and run it on `small` (under
+    `SMALL_BATCH` images) or `large`."""
     normalise = Normalise(predictor.preprocessing, torch.device("cpu"), channels_last=False)
 
     def run(images: Tensor) -> Tensor:
@@ -474,10 +536,30 @@ def onnxruntime_forward(predictor: Predictor, threads: int) -> Callable[[Tensor]
     return run
 
 
-def forward_for(predictor: Predictor, backend: str, threads: int) -> Callable[[Tensor], Tensor]:
-    """The probabilities of a uint8 batch, computed by `backend` (torch or onnxruntime)."""
+def int8_forward(predictor: Predictor, graph: Path, sha256: str, threads: int) -> Forward:
+    """A version's kept int8 graph (`training.quantize`), run by ONNX Runtime on the CPU
+    once its bytes match `sha256`; its evaluation error was judged when it was made."""
+    if not graph.is_file() or sha256_of(graph) != sha256:
+        raise CheckpointError(
+            f"the int8 graph {graph.name} is missing or does not have the sha256 {sha256} "
+            "recorded for it"
+        )
+    small = export.ort_session(graph, threads=1)
+    large = export.ort_session(graph, threads=threads) if threads > 1 else small
+    return _sessions_forward(predictor, small, large)
+
+
+def forward_for(
+    predictor: Predictor, backend: str, threads: int, args: argparse.Namespace | None = None
+) -> Forward:
+    """The probabilities of a uint8 batch, computed by `backend` (torch, onnxruntime, or
+    onnxruntime_int8 with the graph `args` names)."""
     if backend == "onnxruntime":
-        return onnxruntime_forward(predictor, threads)
+        return onnxruntime_forward(predictor, threads, str(predictor.device))
+    if backend == "onnxruntime_int8":
+        if args is None or args.graph is None:  # `Replicas.start` passes it
+            raise CheckpointError("the onnxruntime_int8 backend was given no int8 graph")
+        return int8_forward(predictor, args.graph, args.graph_sha256, threads)
     return by_batch_size(predictor.probabilities)
 
 
@@ -486,11 +568,16 @@ def serve(channel: _Channel, args: argparse.Namespace) -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     try:
-        backend = backend_for(args.backend, args.device)
+        backend = backend_for(args.backend, args.device, args.precision)
         predictor = Predictor(
-            args.checkpoint, sha256=args.sha256, device=torch.device(args.device), fold=args.fold
+            args.checkpoint,
+            sha256=args.sha256,
+            device=torch.device(args.device),
+            fold=args.fold,
+            precision=args.precision,
+            tolerance=args.precision_tolerance,
         )
-        forward = forward_for(predictor, backend, torch.get_num_threads())
+        forward = forward_for(predictor, backend, torch.get_num_threads(), args)
     except (CheckpointError, OSError, ValueError) as error:
         channel.send(("error", str(error)))
         return
@@ -526,6 +613,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--fold", action="store_true")
     parser.add_argument("--backend", choices=BACKENDS, default="torch")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--precision-tolerance", type=float, default=DEFAULT_PRECISION_TOLERANCE)
+    parser.add_argument("--graph", type=Path, default=None)  # onnxruntime_int8's graph
+    parser.add_argument("--graph-sha256", default=None)
     args = parser.parse_args(argv)
     # ConnectionError: the API went away, and nobody is left to answer.
     with socket.socket(fileno=args.fd) as sock, contextlib.suppress(ConnectionError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,12 +36,17 @@ from training.pipeline import Normalise
 from training.predictor import serving_form
 from training.preprocess import Preprocessing
 
-Format = Literal["onnx", "torchscript", "torch_export"]
+Format = Literal["onnx", "torchscript", "torch_export", "onnx_int8"]
 FORMATS: tuple[Format, ...] = get_args(Format)
+# The formats checked against the eager net's probabilities; onnx_int8 is judged by its
+# error on the evaluation split instead (`training.quantize`).
+FLOAT_FORMATS: tuple[Format, ...] = ("onnx", "torchscript", "torch_export")
+ONNX_FORMATS: tuple[Format, ...] = ("onnx", "onnx_int8")
 SUFFIXES: dict[Format, str] = {
     "onnx": ".onnx",
     "torchscript": ".torchscript.pt",
     "torch_export": ".pt2",
+    "onnx_int8": ".int8.onnx",
 }
 OPSET = 20  # the dynamo exporter's own default in torch 2.14; ONNX Runtime 1.32 runs it
 INPUT, OUTPUT = "images", "probabilities"
@@ -131,12 +136,14 @@ def write(net: nn.Module, fmt: Format, example: Tensor, path: Path) -> None:
             path.write_bytes(onnx_bytes(net, example))
         elif fmt == "torchscript":
             torch.jit.save(torch.jit.trace(net, example), str(path))
+        elif fmt == "onnx_int8":  # it needs calibration images: `training.quantize`
+            raise ValueError("an int8 graph is made by training.quantize.quantize_checked")
         else:
             program = torch.export.export(net, (example,), dynamic_shapes=_dynamic_batch())
             torch.export.save(program, path)
 
 
-def _annotate(path: Path, facts: dict[str, Any]) -> None:
+def annotate(path: Path, facts: dict[str, Any]) -> None:
     """Add `facts` to an ONNX file's metadata, each as JSON under its key."""
     model = onnx.load(str(path))
     for key, value in facts.items():
@@ -145,13 +152,16 @@ def _annotate(path: Path, facts: dict[str, Any]) -> None:
     onnx.save(model, str(path))
 
 
-def ort_session(model: bytes | Path, threads: int = 1) -> onnxruntime.InferenceSession:
-    """An ONNX Runtime session of `model` on the CPU, with `threads` intra-op threads."""
+def ort_session(
+    model: bytes | Path, threads: int = 1, providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime session of `model` on `providers` (the CPU by default), with `threads`
+    intra-op threads."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1  # a ResNet is one chain of ops: nothing to overlap
     source = model if isinstance(model, bytes) else str(model)
-    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(source, options, providers=list(providers))
 
 
 def run_ort(session: onnxruntime.InferenceSession, x: Tensor) -> Tensor:
@@ -163,7 +173,7 @@ def run_ort(session: onnxruntime.InferenceSession, x: Tensor) -> Tensor:
 
 def load(fmt: Format, path: Path) -> Callable[[Tensor], Tensor]:
     """A saved export as a function: normalised batch to probabilities."""
-    if fmt == "onnx":
+    if fmt in ONNX_FORMATS:
         session = ort_session(path)
         return lambda x: run_ort(session, x)
     with _quiet():
@@ -204,12 +214,24 @@ def export_checked(
         net = served_net(model)
         write(net, fmt, batch, path)
     if fmt == "onnx":
-        _annotate(path, {"preprocessing": declared, "classes": list(info.classes)})
+        annotate(path, {"preprocessing": declared, "classes": list(info.classes)})
     difference = max_abs_diff(load(fmt, path), net, batch)
     if not difference <= tolerance:  # NaN too
         path.unlink(missing_ok=True)
         raise ExportMismatchError(fmt, difference, tolerance)
-    details = {
+    details = details_of(info, preprocessing) | {
+        "batches_checked": [len(batch), 1],
+        "check_seed": CHECK_SEED,
+        "reference": "the eager serving form (batch norms folded) with softmax",
+    }
+    if fmt == "onnx":
+        details |= {"opset": OPSET, "onnxruntime": onnxruntime.__version__}
+    return Checked(difference, tolerance, details)
+
+
+def details_of(info: DatasetInfo, preprocessing: Preprocessing | None) -> dict[str, Any]:
+    """What every export's details say: its input and output, classes and preprocessing."""
+    return {
         "softmax": True,
         "input": f"float32 (N, {info.channels}, {info.image_size[0]}, {info.image_size[1]}), "
         "normalised: (x / 255 - mean) / std",
@@ -217,12 +239,6 @@ def export_checked(
         "mean": list(info.mean),
         "std": list(info.std),
         "classes": list(info.classes),
-        "preprocessing": declared,
-        "batches_checked": [len(batch), 1],
-        "check_seed": CHECK_SEED,
-        "reference": "the eager serving form (batch norms folded) with softmax",
+        "preprocessing": (preprocessing or Preprocessing.of(info)).to_record(),
         "torch": torch.__version__,
     }
-    if fmt == "onnx":
-        details |= {"opset": OPSET, "onnxruntime": onnxruntime.__version__}
-    return Checked(difference, tolerance, details)

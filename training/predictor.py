@@ -13,6 +13,7 @@ import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,6 +29,22 @@ from training.runs import load_trained_model
 
 ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "BMP"})
 DEFAULT_MAX_PIXELS = 40_000_000
+Precision = Literal["fp32", "bf16", "fp16"]
+DTYPES: dict[Precision, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+# A reduced precision's probabilities may differ from fp32's by rounding: bf16 keeps 8 bits
+# of mantissa, so a probability moves by about 1e-2 (ResNet-8 on digits: under 1e-2 in bf16,
+# 1e-3 in fp16); a net whose activations overflow fp16 moves them by far more.
+DEFAULT_PRECISION_TOLERANCE = 0.05
+PROBE_BATCH = 16  # seeded images of the check of a reduced precision, the same every start
+PROBE_SEED = 0
+
+
+class PrecisionMismatchError(ValueError):
+    """A net cast to a reduced precision answers too far from its fp32 probabilities."""
 
 
 class ImageRejectedError(ValueError):
@@ -122,7 +139,10 @@ class Predictor:
     """A checkpoint's net in eval mode, with its preprocessing; thread-compatible for reads.
 
     With `fold`, it runs the net's `serving_form`: probabilities equal to the evaluation
-    engine's up to float rounding instead of bit for bit.
+    engine's up to float rounding instead of bit for bit. With a `precision` other than
+    fp32 the net's weights are cast to it (images are normalised in fp32, then cast; the
+    softmax runs in fp32), once its probabilities on a seeded probe batch are within
+    `tolerance` of the fp32 net's (`PrecisionMismatchError` otherwise).
     """
 
     def __init__(
@@ -132,6 +152,8 @@ class Predictor:
         sha256: str,
         device: torch.device | None = None,
         fold: bool = False,
+        precision: Precision = "fp32",
+        tolerance: float = DEFAULT_PRECISION_TOLERANCE,
     ) -> None:
         self.device = device or torch.device("cpu")
         trained = load_trained_model(path, sha256=sha256, device=self.device)
@@ -139,13 +161,39 @@ class Predictor:
         self.model: nn.Module = serving_form(trained.model) if fold else trained.model
         self.sha256 = sha256
         self.normalise = Normalise(self.preprocessing, self.device, channels_last=fold)
+        self.precision, self.dtype = precision, DTYPES[precision]
+        self.precision_diff = 0.0  # max |p - p_fp32| on the probe batch
+        if precision != "fp32":
+            self.precision_diff = self._cast(tolerance)
         self.bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @torch.inference_mode()
     def probabilities(self, images: Tensor) -> Tensor:
         """Class probabilities for a uint8 batch (N, C, H, W)."""
-        x = self.normalise(images.to(self.device))
+        x = self.normalise(images.to(self.device)).to(self.dtype)
         return predict_logits(self.model, x).softmax(1).cpu()
+
+    def probe(self) -> Tensor:
+        """`PROBE_BATCH` seeded uint8 images of the net's input shape."""
+        generator = torch.Generator().manual_seed(PROBE_SEED)
+        shape = (PROBE_BATCH, self.info.channels, *self.preprocessing.crop)
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+
+    def _cast(self, tolerance: float) -> float:
+        """Cast the net to `self.dtype`, once its probe probabilities are within `tolerance`
+        of fp32's (else `PrecisionMismatchError`); how far they are."""
+        probe, dtype = self.probe(), self.dtype
+        self.dtype = torch.float32
+        reference = self.probabilities(probe)
+        self.model, self.dtype = self.model.to(dtype), dtype
+        difference = (self.probabilities(probe) - reference).abs().max().item()
+        if not difference <= tolerance:  # NaN (an overflow) too
+            raise PrecisionMismatchError(
+                f"in {self.precision} the net's probabilities differ from fp32's by up to "
+                f"{difference:.3g} on the {PROBE_BATCH}-image probe batch, over the bound of "
+                f"{tolerance:g} (PREDICT_PRECISION_TOLERANCE); serve it in fp32 or bf16"
+            )
+        return difference
 
     def classify(self, images: Tensor, top_k: int) -> list[Classification]:
         """The top-k classes of each image of a uint8 batch."""

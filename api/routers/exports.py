@@ -4,7 +4,8 @@ An export (ONNX, TorchScript, torch.export) is made in a process of its own
 (`training.exporter`), which the request's worker thread waits for: the event loop, the
 zoo's counts and the API's memory never wait for or hold it (ResNet-20 takes seconds,
 ResNet-1202 minutes). It is kept only when its probabilities are within
-`training.export.TOLERANCE` of the eager net's.
+`training.export.TOLERANCE` of the eager net's; an int8 graph (onnx_int8) only when its
+error on the evaluation split is within the request's bound of the float graph's.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from api.errors import (
 from api.schemas import API_PREFIX, ErrorOut, ExportFormat, ExportIn, ExportOut
 from core import artifacts, exports, jobs, model_registry
 from core.db.tables import ModelExport
-from core.errors import ConflictError, NotFoundError
+from core.errors import ConflictError, InvalidError, NotFoundError
 from core.storage import StoreUnavailableError
-from training import export, exporter
+from training import export, exporter, quantize
 from training.checkpoints import CheckpointError
 
 router = APIRouter(prefix="/registry", tags=["registry"])
@@ -92,7 +93,7 @@ def download_version_checkpoint(
 @router.post(
     "/{name}/versions/{version}/exports",
     status_code=status.HTTP_201_CREATED,
-    summary="Export a version (ONNX, TorchScript, torch.export)",
+    summary="Export a version (ONNX, TorchScript, torch.export, int8 ONNX)",
     responses={
         200: {"model": ExportOut, "description": "The export made earlier, as it is"},
         **responses(401, 403, 404, 409, 422, 500, 503),
@@ -112,6 +113,11 @@ def create_export(
     (8 seeded images; bound 1e-4), then store it (201); one made earlier is answered as is
     (200). 500 with the difference when over the bound: nothing is kept.
 
+    onnx_int8 quantizes the onnx graph (static, QDQ, per-channel int8 weights), its ranges
+    calibrated on `calibration_images` of the run's training split, and keeps it only when
+    its error on the evaluation split is at most `max_error_increase_pp` over the float
+    graph's (422 with both errors otherwise; 409 when the run's data cannot be read).
+
     One export of a version is made at a time: a request for one being made waits for it.
     A key makes `EXPORTS_PER_KEY` at once (429 with Retry-After beyond). Only the model's
     owner (or an admin key) exports its versions (403)."""
@@ -123,9 +129,14 @@ def create_export(
             version=version,
             fmt=body.format,
             caller=caller,
+            int8=_int8_options(body),
         )
     except (export.ExportMismatchError, exporter.ExportFailedError) as error:
         raise ServerFaultError(str(error)) from error
+    except quantize.Int8OverBoundError as error:
+        raise InvalidError(f"{name}/{version}: {error}") from error
+    except quantize.QuantizationDataError as error:
+        raise ConflictError(f"{name}/{version} cannot be quantized: {error}") from error
     except exports.ExportsBusyError as error:
         raise ExportsBusyError(str(error)) from error
     except StoreUnavailableError as error:
@@ -185,6 +196,20 @@ def download_export(
     handle = opened(settings, row.path, row.sha256, f"the {fmt} export of {name}/{version}")
     filename = f"{name}-v{version}{export.SUFFIXES[fmt]}"
     return streamed(handle, sha256=row.sha256, filename=filename)
+
+
+def _int8_options(body: ExportIn) -> quantize.Int8Options | None:
+    """The request's calibration and bound of an int8 graph (defaults where not sent)."""
+    if body.format != "onnx_int8":
+        return None
+    defaults = quantize.Int8Options()
+    return quantize.Int8Options(
+        calibration_images=body.calibration_images or defaults.calibration_images,
+        bound_pp=(
+            defaults.bound_pp if body.max_error_increase_pp is None else body.max_error_increase_pp
+        ),
+        eval_limit=body.eval_limit,
+    )
 
 
 def _export_out(name: str, version: int, row: ModelExport) -> ExportOut:

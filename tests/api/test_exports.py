@@ -109,7 +109,7 @@ def test_a_versions_checkpoint_downloads_and_is_hidden_from_other_owners(
     assert owner_only.get(f"{VERSION}/exports").status_code == 404
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("fmt", export.FLOAT_FORMATS)
 def test_each_format_is_checked_stored_listed_downloaded_and_loads_back(
     client: TestClient,
     settings: Settings,
