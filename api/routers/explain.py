@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -98,7 +98,7 @@ async def explain_images(request: Request) -> Response:
     plane = plane_of(request)
     explainers: Explainers = request.scope["state"]["explainers"]
     settings = plane.settings
-    files = _one_file if form == "png" else predict._files_of
+    files = _one_file if form == "png" else _body_files
     explanation = await explain(
         plane,
         explainers,
@@ -132,10 +132,15 @@ def _query(request: Request) -> tuple[str, str | None, str]:
     return model, query.get("class"), form
 
 
+def _body_files(request: Request, settings: Settings) -> AbstractAsyncContextManager[list[Upload]]:
+    """The body's files, read as the predict route reads them (with its limits)."""
+    return predict._FilesOf(request, settings)
+
+
 @asynccontextmanager
 async def _one_file(request: Request, settings: Settings) -> AsyncIterator[list[Upload]]:
     """The body's files, which must be one: a PNG overlay answers one image."""
-    async with predict._files_of(request, settings) as uploads:
+    async with _body_files(request, settings) as uploads:
         if len(uploads) != 1:
             raise InvalidError(
                 f"format=png answers one image, and {len(uploads)} files were sent; send "

@@ -1,4 +1,5 @@
-// Predict: pick a model reference, drop or choose images, see each image's top-k classes.
+// Predict: pick a model reference, drop or choose images, see each image's top-k classes,
+// and, on demand, where the net looked (its Grad-CAM heatmap over the image).
 
 import { api, query } from "./api.js";
 import { h, notice, shortId } from "./ui.js";
@@ -26,7 +27,7 @@ export async function render(view, ctx) {
         `/predict${query({ model: model.value.trim(), top_k: topK.value })}`,
         { method: "POST", form },
       );
-      results.replaceChildren(...drawAnswer(answer, chosen));
+      results.replaceChildren(...drawAnswer(answer, chosen, model.value.trim()));
     } catch (error) {
       results.replaceChildren(notice(error.message, true));
     }
@@ -63,7 +64,7 @@ async function suggestRefs(list, ctx) {
   list.replaceChildren(...options.map((value) => h("option", { value })));
 }
 
-function drawAnswer(answer, chosen) {
+function drawAnswer(answer, chosen, ref) {
   const served = answer.model;
   const header = h(
     "p.muted",
@@ -88,7 +89,7 @@ function drawAnswer(answer, chosen) {
       return h(
         "div.card.pred",
         { dataset: { file: image.file } },
-        file ? h("img", { src: URL.createObjectURL(file), alt: image.file }) : null,
+        file ? picture(file, image) : null,
         h(
           "div",
           {},
@@ -99,6 +100,7 @@ function drawAnswer(answer, chosen) {
             image.resize && image.resize !== "none" ? ` (${image.resize})` : "",
           ),
           image.error ? h("p.error", {}, `${image.error.status}: ${image.error.message}`) : null,
+          file && !image.error ? explainControls(file, ref) : null,
           best
             ? h(
                 "div.top-class",
@@ -132,4 +134,82 @@ function drawAnswer(answer, chosen) {
       );
     }),
   ];
+}
+
+function picture(file, image) {
+  // The image, with room for its heatmap's canvas laid over it.
+  return h(
+    "div.picture",
+    { style: "position:relative;width:96px;height:96px;flex:none" },
+    h("img", { src: URL.createObjectURL(file), alt: image.file }),
+  );
+}
+
+function explainControls(file, ref) {
+  // A toggle that asks POST /explain once, then shows or hides the heatmap; its opacity.
+  const toggle = h("input", { type: "checkbox", name: "explain" });
+  const opacity = h("input", {
+    type: "range",
+    name: "opacity",
+    min: 0,
+    max: 1,
+    step: 0.05,
+    value: 0.5,
+  });
+  const said = h("span.muted.explained", {});
+  let canvas = null;
+  const show = () => {
+    if (canvas) {
+      canvas.style.display = toggle.checked ? "block" : "none";
+      canvas.style.opacity = opacity.value;
+    }
+  };
+  toggle.addEventListener("change", async () => {
+    if (canvas || !toggle.checked) return show();
+    said.textContent = " explaining…";
+    const form = new FormData();
+    form.append("files", file, file.name);
+    try {
+      const answer = await api(`/explain${query({ model: ref })}`, { method: "POST", form });
+      const [result] = answer.results;
+      canvas = heatmapCanvas(result.upsampled);
+      toggle.closest(".pred").querySelector(".picture").append(canvas);
+      const { label, probability } = result.explained;
+      said.textContent = ` explains ${label} (${(100 * probability).toFixed(1)}%) at ${answer.layer}`;
+      said.dataset.label = label;
+      show();
+    } catch (error) {
+      toggle.checked = false;
+      said.textContent = ` ${error.message}`;
+    }
+  });
+  opacity.addEventListener("input", show);
+  return h(
+    "div.explain-controls",
+    {},
+    h("label", {}, toggle, " Grad-CAM"),
+    h("label", {}, " opacity ", opacity),
+    said,
+  );
+}
+
+function heatmapCanvas(rows) {
+  // The heatmap (0..1) colour-mapped with jet, as the API's PNG overlay is.
+  const height = rows.length;
+  const width = rows[0].length;
+  const canvas = h("canvas.heatmap", {
+    width,
+    height,
+    style:
+      "position:absolute;left:0;top:0;width:96px;height:96px;object-fit:contain;" +
+      "image-rendering:pixelated;pointer-events:none",
+  });
+  const context = canvas.getContext("2d");
+  const pixels = context.createImageData(width, height);
+  const channel = (v, centre) => Math.max(0, Math.min(1, 1.5 - Math.abs(4 * v - centre)));
+  rows.flat().forEach((v, i) => {
+    pixels.data.set([channel(v, 3) * 255, channel(v, 2) * 255, channel(v, 1) * 255, 255], 4 * i);
+  });
+  context.putImageData(pixels, 0, 0);
+  return canvas;
 }
