@@ -184,11 +184,12 @@ function explainControls(file, ref) {
     }
   });
   opacity.addEventListener("input", show);
+  const inline = "display:inline-flex;gap:0.3rem;align-items:center";
   return h(
     "div.explain-controls",
-    {},
-    h("label", {}, toggle, " Grad-CAM"),
-    h("label", {}, " opacity ", opacity),
+    { style: "display:flex;gap:0.75rem;align-items:center;flex-wrap:wrap" },
+    h("label", { style: inline }, toggle, "Grad-CAM"),
+    h("label", { style: inline }, "opacity", opacity),
     said,
   );
 }
