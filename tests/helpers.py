@@ -265,6 +265,23 @@ TINY = {
 }
 
 
+def tiny_synthetic(
+    *,
+    model: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+    **recipe: Any,
+) -> dict[str, Any]:
+    """A train spec of seconds: ResNet-8 on 8x8 synthetic images (64 to train, a quarter of
+    them held out for validation, 32 to test), batch 16, 40 iterations evaluated every 4;
+    `model`, `dataset` and `recipe` fields are laid over it."""
+    images = {"image_size": 8, "train_size": 64, "test_size": 32, "validation": 0.25}
+    return {
+        "model": {"name": "resnet8", **(model or {})},
+        "dataset": {"name": "synthetic", **images, **(dataset or {})},
+        "recipe": {"batch_size": 16, "iterations": 40, "eval_every": 4, "log_every": 50, **recipe},
+    }
+
+
 def trained_job(settings: Settings, run: dict[str, Any] = TINY) -> uuid.UUID:
     """A succeeded train job whose checkpoints (steps 1 and 2, best at 2) are real files;
     `run` (TINY by default) trains with a checkpoint every step, on the settings' data."""

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import tiny_synthetic
 from training import checkpoints, runs
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -18,29 +19,10 @@ from training.specs import TrainSpec
 
 
 def _spec(**recipe: Any) -> TrainSpec:
-    return TrainSpec.model_validate(
-        {
-            "model": {
-                "name": "resnet8",
-                "options": {"shortcut_variant": "dropout", "shortcut_dropout": 0.1},
-            },
-            "dataset": {
-                "name": "synthetic",
-                "image_size": 8,
-                "train_size": 64,
-                "test_size": 32,
-                "validation": 0.25,
-            },
-            "recipe": {
-                "batch_size": 16,
-                "iterations": 8,
-                "log_every": 2,
-                "checkpoint_every": 4,
-                "eval_every": 4,
-                **recipe,
-            },
-        }
-    )
+    """The tiny synthetic run with dropout shortcuts, 8 iterations, a checkpoint every 4."""
+    dropout = {"shortcut_variant": "dropout", "shortcut_dropout": 0.1}
+    fields = {"iterations": 8, "log_every": 2, "checkpoint_every": 4} | recipe
+    return TrainSpec.model_validate(tiny_synthetic(model={"options": dropout}, **fields))
 
 
 def _history(sink: RecordingSink) -> list[tuple[int, str, float]]:

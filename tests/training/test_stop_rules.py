@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor
 
+from tests.helpers import tiny_synthetic
 from training import checkpoints, loop, runs
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -28,27 +29,9 @@ NEVER_BETTER = {"metric": "val/error", "patience": 2, "min_delta": 1.0}
 
 
 def _spec(dataset: dict[str, Any] | None = None, **recipe: Any) -> TrainSpec:
-    return TrainSpec.model_validate(
-        {
-            "model": {"name": "resnet8"},
-            "dataset": {
-                "name": "synthetic",
-                "image_size": 8,
-                "train_size": 64,
-                "test_size": 32,
-                "validation": 0.25,
-                **(dataset or {}),
-            },
-            "recipe": {
-                "batch_size": 16,
-                "iterations": 40,
-                "log_every": 50,
-                "checkpoint_every": 4,
-                "eval_every": 4,
-                **recipe,
-            },
-        }
-    )
+    """The tiny synthetic run, a checkpoint every 4 iterations."""
+    fields = {"checkpoint_every": 4} | recipe
+    return TrainSpec.model_validate(tiny_synthetic(dataset=dataset, **fields))
 
 
 def _fit(spec: TrainSpec, out: Path, sink: RecordingSink | None = None) -> dict[str, Any]:

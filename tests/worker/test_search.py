@@ -13,20 +13,10 @@ from core.db.session import session_scope
 from core.db.tables import Checkpoint, Event, Job
 from core.settings import Settings
 from core.studies import search, service
-from tests.helpers import job, queued_ids
+from tests.helpers import job, queued_ids, tiny_synthetic
 from worker import runner
 
-BASE = {
-    "model": {"name": "resnet8"},
-    "dataset": {
-        "name": "synthetic",
-        "image_size": 8,
-        "train_size": 64,
-        "test_size": 32,
-        "validation": 0.25,
-    },
-    "recipe": {"batch_size": 16, "iterations": 40, "eval_every": 4, "log_every": 50},
-}
+BASE = tiny_synthetic()
 SPACE = {"recipe.lr": {"type": "loguniform", "low": 0.01, "high": 0.1}}
 
 
