@@ -62,6 +62,7 @@ class Plane(Protocol):
 log = logging.getLogger(__name__)
 SESSION_HEADER = "x-session-key"  # a caller without an API key keeps its version by this
 VERSION_HEADER = "X-Model-Version"  # every prediction answer names what served it
+VERSION_HEADER_RAW = VERSION_HEADER.lower().encode("latin-1")  # appended as is: no dict to parse
 QUEUE_SIZE = 64  # shadow copies waiting at most, over all shadows
 WORKERS = 4  # shadow copies forwarded at once
 _HASH_SPAN = 2**64

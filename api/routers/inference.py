@@ -37,7 +37,7 @@ from serving.protocol import (
     ProtocolErrorOut,
     ServerMetadata,
 )
-from serving.rollout import SESSION_HEADER, VERSION_HEADER
+from serving.rollout import SESSION_HEADER, VERSION_HEADER_RAW
 
 router = APIRouter(prefix="/v2", tags=["inference (Open Inference Protocol v2)"])
 PREFIX = router.prefix
@@ -248,11 +248,13 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     (header, raw), served = await plane.infer_served(
         ref, caller, request.body, header_length, status_of=status_of, session_key=session_key
     )
-    served_by = {VERSION_HEADER: label_of(served)}
     if raw is None:
-        return Response(header, media_type="application/json", headers=served_by)
-    headers = {"Inference-Header-Content-Length": str(len(header))} | served_by
-    return Response(header + raw, media_type="application/octet-stream", headers=headers)
+        response = Response(header, media_type="application/json")
+    else:
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        response = Response(header + raw, media_type="application/octet-stream", headers=headers)
+    response.raw_headers.append((VERSION_HEADER_RAW, label_of(served).encode()))
+    return response
 
 
 def _json(

@@ -36,7 +36,7 @@ from core.settings import Settings
 from serving.cache import ModelCache
 from serving.dataplane import Prediction, label_of
 from serving.files import FILE_ERRORS, Upload
-from serving.rollout import SESSION_HEADER, VERSION_HEADER
+from serving.rollout import SESSION_HEADER, VERSION_HEADER_RAW
 from training.preprocess import Preprocessing
 
 router = APIRouter(prefix="/predict", tags=["predict"])
@@ -140,8 +140,9 @@ async def predict(request: Request) -> Response:
             "total_ms": (time.perf_counter() - prediction.started) * 1000,
         },
     }
-    served = {VERSION_HEADER: label_of(prediction.target)}
-    return Response(to_json(answer), media_type="application/json", headers=served)
+    response = Response(to_json(answer), media_type="application/json")
+    response.raw_headers.append((VERSION_HEADER_RAW, label_of(prediction.target).encode()))
+    return response
 
 
 def _query(request: Request) -> tuple[str, int]:
