@@ -527,7 +527,7 @@ class AliasIn(BaseModel):
     weights: dict[int, int] | None = Field(
         None,
         description="Version -> weight (an integer > 0): each version's share of the traffic, "
-        "e.g. {\"3\": 90, \"4\": 10}; at most 10 versions.",
+        'e.g. {"3": 90, "4": 10}; at most 10 versions.',
     )
     sticky: bool = Field(False, description="A caller (its API key, else X-Session-Key) keeps "
                          "its version while the weights hold.")  # fmt: skip

@@ -333,8 +333,7 @@ class Settings(BaseSettings):
         2,
         ge=1,
         le=64,
-        description="Explanations an API process computes at once; beyond, 503 with "
-        "Retry-After.",
+        description="Explanations an API process computes at once; beyond, 503 with Retry-After.",
     )
     explain_cache_models: int = Field(
         1, ge=1, le=16, description="Explain processes (one per checkpoint) kept (LRU)."

@@ -56,7 +56,7 @@ from tests.services import (
     service_env,
 )
 from worker import runner
-from worker.sink import RETRY_MAX_S
+from worker.homes import RETRY_MAX_S
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
