@@ -18,7 +18,8 @@ made for instance with
 
     python3 -m venv /work/peers-venv
     /work/peers-venv/bin/pip install torch==2.14.1 torchvision==0.29.1
-    /work/peers-venv/bin/pip install torchserve torch-model-archiver nvidia-pytriton onnxruntime
+    /work/peers-venv/bin/pip install torchserve torch-model-archiver pyyaml \
+        nvidia-pytriton onnxruntime
 
 (`pip install -e '.[peers]'` names the same packages). TorchServe needs Java 17.
 
