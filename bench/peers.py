@@ -440,13 +440,23 @@ def main() -> None:
                 )
             predictor = Predictor(Path(target.path), sha256=target.sha256, fold=True)
             scripted, graph = write_models(predictor, folder)
-            if "torchserve" in peers:
-                form = Form("torchserve", "/predictions/resnet", {"Content-Type": "image/png"}, png)
-                with torchserve(args.peers_python, scripted, folder, png) as base:
-                    figures += load_peer(base, form, folder, args.seconds)
-            if "triton" in peers:
-                with triton(args.peers_python, graph, folder, png) as base:
-                    figures += load_peer(base, triton_form(png), folder, args.seconds)
+            starts = {
+                "torchserve": lambda: torchserve(args.peers_python, scripted, folder, png),
+                "triton": lambda: triton(args.peers_python, graph, folder, png),
+            }
+            forms = {
+                "torchserve": Form(
+                    "torchserve", "/predictions/resnet", {"Content-Type": "image/png"}, png
+                ),
+                "triton": triton_form(png),
+            }
+            for peer in peers:
+                try:
+                    with starts[peer]() as base:
+                        figures += load_peer(base, forms[peer], folder, args.seconds)
+                except (RuntimeError, subprocess.CalledProcessError) as error:
+                    # A peer that does not start here is said, and the others still run.
+                    print(f"{peer} did not serve: {error}", file=sys.stderr)
             bare = bare_forward(
                 Path(target.path), target.sha256, [1, 64], fold=True, backend="auto"
             )
