@@ -80,6 +80,8 @@ def open_checked(
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:
         raise ImageTooLargeError(f"{name}: over the limit of {max_pixels:,} pixels") from None
+    except Image.UnidentifiedImageError:  # its message names a buffer's address, not the file
+        raise UnsupportedImageError(f"{name}: not an image in a supported format") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise UnsupportedImageError(
             f"{name}: not an image in a supported format ({error})"
