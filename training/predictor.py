@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.fx.experimental.optimization as fx_optimization
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor, nn
 
 from models.zoo import TRACING
@@ -80,7 +80,7 @@ def open_checked(
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:
         raise ImageTooLargeError(f"{name}: over the limit of {max_pixels:,} pixels") from None
-    except Image.UnidentifiedImageError:  # its message names a buffer's address, not the file
+    except UnidentifiedImageError:  # its message names a buffer's address, not the file
         raise UnsupportedImageError(f"{name}: not an image in a supported format") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise UnsupportedImageError(
