@@ -20,10 +20,8 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import os
 import socket
 import subprocess
-import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -49,7 +47,7 @@ from serving.errors import (
 )
 from serving.files import Checked, all_failed, fitted_all, opened_all
 from serving.memo import SingleFlight
-from serving.process import Images, _Channel, _frame, _read, _stop, threads_for
+from serving.process import Images, _Channel, _frame, _read, _stop, launch, threads_for
 from training import gradcam
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
@@ -115,29 +113,10 @@ class ExplainProcess:
     @classmethod
     async def start(cls, path: Path, sha256: str, options: ExplainOptions) -> ExplainProcess:
         """Start an explain process of the checkpoint; `CheckpointError` if it cannot load."""
-        ours, theirs = socket.socketpair()
         threads = options.threads or threads_for(1)
-        command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno())]
-        command += ["--checkpoint", str(path), "--sha256", sha256, "--device", options.device]
+        command = ["--checkpoint", str(path), "--sha256", sha256, "--device", options.device]
         command += ["--threads", str(threads)]
-        env = {"OMP_WAIT_POLICY": "PASSIVE"} | os.environ
-        with theirs:
-            process = await run_in_threadpool(
-                subprocess.Popen, command, pass_fds=[theirs.fileno()], env=env
-            )
-        try:
-            reader, writer = await asyncio.open_unix_connection(sock=ours)
-            hello = await asyncio.wait_for(_read(reader), options.start_timeout_s)
-        except BaseException:
-            ours.close()
-            await _stop(process)
-            raise
-        if hello is None or hello[0] != "ready":
-            writer.close()
-            await _stop(process)
-            raise CheckpointError(
-                hello[1] if hello else f"its process exited with {process.returncode}"
-            )
+        process, reader, writer, hello = await launch(__name__, command, options.start_timeout_s)
         _, info, preprocessing = hello
         return cls(process, reader, writer, info, preprocessing)
 

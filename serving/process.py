@@ -114,6 +114,34 @@ def _frame(message: object) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
+async def launch(
+    module: str, arguments: list[str], timeout_s: float
+) -> tuple[subprocess.Popen[bytes], asyncio.StreamReader, asyncio.StreamWriter, tuple[Any, ...]]:
+    """Start `python -m module --fd N arguments` on a socket pair and wait for its hello
+    ("ready", ...); `CheckpointError` with its reason if it says otherwise or exits."""
+    ours, theirs = socket.socketpair()
+    command = [sys.executable, "-m", module, "--fd", str(theirs.fileno()), *arguments]
+    # Idle OpenMP threads sleep instead of spinning, leaving the CPU to the event loop.
+    env = {"OMP_WAIT_POLICY": "PASSIVE"} | os.environ
+    with theirs:
+        process = await run_in_threadpool(
+            subprocess.Popen, command, pass_fds=[theirs.fileno()], env=env
+        )
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        hello = await asyncio.wait_for(_read(reader), timeout_s)
+    except BaseException:
+        ours.close()
+        await _stop(process)
+        raise
+    if hello is None or hello[0] != "ready":
+        writer.close()
+        await _stop(process)
+        why = hello[1] if hello else f"its process exited with {process.returncode}"
+        raise CheckpointError(why)
+    return process, reader, writer, hello
+
+
 class ModelProcess:
     """The API end: a checkpoint's process, its requests in flight and its batch sizes."""
 
@@ -155,33 +183,14 @@ class ModelProcess:
     ) -> ModelProcess:
         """Start a process serving the checkpoint (by its int8 `graph` for that backend);
         `CheckpointError` if it cannot load it."""
-        ours, theirs = socket.socketpair()
-        command = [sys.executable, "-m", __name__, "--fd", str(theirs.fileno())]
-        command += ["--checkpoint", str(path), "--sha256", sha256, "--device", options.device]
+        command = ["--checkpoint", str(path), "--sha256", sha256, "--device", options.device]
         command += ["--max-batch", str(options.max_batch), "--max-wait-s", str(options.max_wait_s)]
         command += ["--threads", str(options.threads or threads_for(options.replicas))]
         command += ["--fold"] if options.fold else []
         command += ["--backend", options.backend, "--precision", options.precision]
         command += ["--precision-tolerance", repr(options.precision_tolerance)]
         command += ["--graph", str(graph[0]), "--graph-sha256", graph[1]] if graph else []
-        # Idle OpenMP threads sleep instead of spinning, leaving the CPU to the event loop.
-        env = {"OMP_WAIT_POLICY": "PASSIVE"} | os.environ
-        with theirs:
-            process = await run_in_threadpool(
-                subprocess.Popen, command, pass_fds=[theirs.fileno()], env=env
-            )
-        try:
-            reader, writer = await asyncio.open_unix_connection(sock=ours)
-            hello = await asyncio.wait_for(_read(reader), options.start_timeout_s)
-        except BaseException:
-            ours.close()
-            await _stop(process)
-            raise
-        if hello is None or hello[0] != "ready":
-            writer.close()
-            await _stop(process)
-            why = hello[1] if hello else f"its process exited with {process.returncode}"
-            raise CheckpointError(why)
+        process, reader, writer, hello = await launch(__name__, command, options.start_timeout_s)
         _, info, preprocessing, parameter_bytes = hello
         return cls(process, reader, writer, info, preprocessing, parameter_bytes, options.max_queue)
 
