@@ -159,7 +159,9 @@ def promote(
 
 
 @router.get(
-    "/{name}/history", summary="The model's registry changes", responses=responses(401, 403, 404)
+    "/{name}/history",
+    summary="The model's registry changes",
+    responses=responses(401, 403, 404, 422),
 )
 def history(
     name: str,
@@ -228,7 +230,7 @@ def delete_version(
 @router.get(
     "/{name}/shadow",
     summary="Shadow versions against the versions they copy",
-    responses=responses(401, 403, 404),
+    responses=responses(401, 403, 404, 422),
 )
 def shadow(
     name: str, request: Request, session: SessionDep, caller: ReadCaller
