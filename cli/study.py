@@ -340,7 +340,9 @@ def _watch(client: Client, study_id: str, interval: float) -> StudyOut:
                 progress.update(task, description=line, completed=counts["done"])
                 progress.update(task, total=counts["total"])
                 if study["state"] in FINAL_STATUSES:  # a study's states once every job ended
-                    return study
+                    # Read once more: the answer that saw the last job end may hold results
+                    # read a moment before it; once every job ended nothing changes.
+                    return _fetch(client, study_id, progress, interval)
                 time.sleep(interval)
     except KeyboardInterrupt:
         typer.echo(f"study {study_id} goes on; `study show {study_id}` to see it", err=True)
