@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,3 +159,27 @@ def test_the_shared_declarations_import_nothing_of_the_product() -> None:
         if name in SHARED and target.split(".")[0] in PACKAGES and not _shared(target)
     ]
     assert sorted(wrong) == []
+
+
+def _layout_words() -> set[str]:
+    """The words of the README's Layout block."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    return set(re.findall(r"[A-Za-z_]\w*", block))
+
+
+def test_the_readme_layout_names_every_product_module() -> None:
+    words = _layout_words()
+    unnamed = sorted(
+        str(path.relative_to(ROOT))
+        for name, path in _modules().items()
+        if name.rpartition(".")[2] not in words
+    )
+    assert not unnamed, f"the README's Layout does not name: {unnamed}"
+
+
+def test_the_readme_layout_has_a_line_for_each_folder_that_exists() -> None:
+    block = (ROOT / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    folders = re.findall(r"^(\w+)/ ", block.split("```")[1], flags=re.MULTILINE)
+    assert set(PACKAGES) <= set(folders), "every product package has its line"
+    assert [folder for folder in folders if not (ROOT / folder).is_dir()] == []
