@@ -11,7 +11,7 @@ mirror; the net's global pooling makes it fully convolutional. Softmax scores ar
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, get_args
 
 import torch
@@ -29,6 +29,8 @@ View = Literal["center", "ten_crop", "multi_scale"]
 VIEWS: tuple[View, ...] = get_args(View)
 PAPER_SCALES = (224, 256, 384, 480, 640)  # 2015 Table 5's shorter sides
 TEN_CROP_RESIZE = 256 / 224  # torchvision's, and the paper's, resize per unit of crop
+# Looks' pixels (uint8 values) per forward: 32 ImageNet crops, or thousands of CIFAR ones.
+LOOK_PIXELS = 32 * 3 * 224 * 224
 
 
 def ten_crop_resize(preprocessing: Preprocessing) -> int:
@@ -105,18 +107,57 @@ def evaluate_views(
     normalise = Normalise(preprocessing, device, channels_last=False)
     sums: dict[str, Tensor] = {}
     started = time.perf_counter()
-    for image, label in pil_images(split):
-        probabilities = [
-            predict_logits(model, normalise(batch.to(device)), tta_flip=tta_flip).softmax(1)
-            for batch in looks(image, preprocessing, view)
-        ]
-        mean = torch.cat(probabilities).mean(0, keepdim=True)
+
+    def forward(batch: Tensor) -> Tensor:
+        return predict_logits(model, normalise(batch.to(device)), tta_flip=tta_flip).softmax(1)
+
+    for group in _groups(split, preprocessing, view):
+        mean = mean_of_looks(forward, [batches for batches, _ in group])
+        labels = torch.tensor([label for _, label in group], device=device)
         # Log-probabilities as logits: their softmax is the mean, their loss its -log p.
-        accumulate(
-            sums, mean.clamp(min=1e-12).log(), torch.tensor([label], device=device), num_classes
-        )
+        accumulate(sums, mean.clamp(min=1e-12).log(), labels, num_classes)
     model.train(was_training)
     if not sums:
         raise ValueError("cannot evaluate on an empty split")
     elapsed = time.perf_counter() - started
     return summarise({k: v.cpu() for k, v in sums.items()}, num_classes, elapsed)
+
+
+Looked = tuple[list[Tensor], int]  # an image's looks (uint8 batches) and its label
+
+
+def _groups(split: Split, preprocessing: Preprocessing, view: View) -> Iterator[list[Looked]]:
+    """The split's images with their looks, in groups of at most LOOK_PIXELS of looks (at
+    least one image), so that each look size is one forward per group, not per image."""
+    group: list[Looked] = []
+    pixels = 0
+    for image, label in pil_images(split):
+        batches = list(looks(image, preprocessing, view))
+        size = sum(batch.numel() for batch in batches)
+        if group and pixels + size > LOOK_PIXELS:
+            yield group
+            group, pixels = [], 0
+        group.append((batches, label))
+        pixels += size
+    if group:
+        yield group
+
+
+def mean_of_looks(forward: Callable[[Tensor], Tensor], images: list[list[Tensor]]) -> Tensor:
+    """Each image's mean probabilities over its looks, (N, classes): looks of one size are
+    stacked across the images into one batch for `forward`."""
+    by_size: dict[tuple[int, ...], list[tuple[int, Tensor]]] = {}
+    for index, batches in enumerate(images):
+        for batch in batches:
+            by_size.setdefault(tuple(batch.shape[1:]), []).append((index, batch))
+    total: Tensor | None = None
+    counts = torch.zeros(len(images))
+    for entries in by_size.values():
+        probabilities = forward(torch.cat([batch for _, batch in entries]))
+        owners = torch.cat([torch.full((len(batch),), index) for index, batch in entries])
+        if total is None:
+            total = probabilities.new_zeros(len(images), probabilities.shape[1])
+        total.index_add_(0, owners.to(total.device), probabilities)
+        counts.index_add_(0, owners, torch.ones(len(owners)))
+    assert total is not None, "every image has at least one look"
+    return total / counts.to(total.device)[:, None]

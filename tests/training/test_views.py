@@ -19,7 +19,7 @@ from training.pipeline import make_batches
 from training.preprocess import Preprocessing
 from training.runs import evaluate_checkpoint, load_trained_model
 from training.specs import TrainSpec
-from training.views import PAPER_SCALES, evaluate_views, looks, ten_crop_resize
+from training.views import PAPER_SCALES, evaluate_views, looks, mean_of_looks, ten_crop_resize
 
 
 def test_ten_crops_are_the_corners_the_centre_and_their_mirrors() -> None:
@@ -98,3 +98,49 @@ def test_a_gray_image_is_seen_in_one_channel() -> None:
     gray = Preprocessing((16, 16), 18, "bilinear", 1, (0.5,), (0.25,))
     (crops,) = list(looks(Image.new("L", (30, 20), 128), gray, "ten_crop"))
     assert crops.shape == (10, 1, 16, 16)
+
+
+def test_looks_stacked_across_images_score_as_each_image_alone() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(4, 5),
+    ).eval()  # fmt: skip
+
+    def forward(batch: torch.Tensor) -> torch.Tensor:
+        probabilities: torch.Tensor = net(batch.float() / 255).softmax(1)
+        return probabilities
+
+    small = Preprocessing((32, 32), 32, "bilinear", 3, (0.5,) * 3, (0.25,) * 3)
+    # Photos of two aspects: their multi-scale looks come in sizes the others share or not.
+    images = [
+        list(looks(photo(w, h), small, "multi_scale")) for w, h in [(40, 32), (32, 40), (40, 32)]
+    ]
+    alone = torch.stack([torch.cat([forward(b) for b in batches]).mean(0) for batches in images])
+    with torch.no_grad():
+        stacked = mean_of_looks(forward, images)
+        assert stacked.shape == (3, 5)
+        assert torch.allclose(stacked, alone.detach(), atol=1e-6)
+
+
+def test_a_split_is_scored_the_same_in_groups_of_any_size(
+    digits_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained = load_trained_model(digits_run)
+    data = load_dataset(TrainSpec.model_validate(
+        {"model": {"name": "resnet8"}, "dataset": {"name": "digits", "validation": 0}}
+    ).dataset, data_root=digits_run.parent)  # fmt: skip
+    cpu = torch.device("cpu")
+
+    def score() -> tuple[list[list[int]], float]:
+        viewed = evaluate_views(
+            trained.model, data.test, trained.preprocessing, "ten_crop",
+            num_classes=trained.info.num_classes, device=cpu,
+        )  # fmt: skip
+        return viewed.confusion, viewed.loss
+
+    grouped = score()
+    monkeypatch.setattr("training.views.LOOK_PIXELS", 1)  # one image a forward
+    confusion, loss = score()
+    assert confusion == grouped[0]
+    assert loss == pytest.approx(grouped[1], rel=1e-5)
