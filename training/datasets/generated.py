@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import numpy as np
-import sklearn
 import torch
-from sklearn.datasets import load_digits
 from torch import Tensor
 
 from training.data import TensorSplit
@@ -24,6 +24,9 @@ SYNTHETIC_FIELDS = ("num_classes", "image_size", "channels", "train_size", "test
 
 def digits(spec: DigitsSpec) -> Parts:
     """The 1,797 UCI digits, 0..16 scaled to 0..255, with a seeded stratified test split."""
+    # scikit-learn takes a second to import: only what reads the digits pays for it.
+    from sklearn.datasets import load_digits
+
     bunch = load_digits()
     images = np.rint(bunch.images * 255 / 16).astype(np.uint8)[:, None]
     labels = torch.from_numpy(bunch.target.astype(np.int64))
@@ -32,7 +35,7 @@ def digits(spec: DigitsSpec) -> Parts:
     classes = tuple(str(digit) for digit in range(10))
     # The data is scikit-learn's copy: its version names it (the split, like any
     # dataset's, is no part of the digest).
-    digest = described({"dataset": "digits", "scikit-learn": sklearn.__version__})
+    digest = described({"dataset": "digits", "scikit-learn": metadata.version("scikit-learn")})
     train, test = take(everything, kept), take(everything, held)
     return Parts("digits", classes, 1, (8, 8), train, test, digest, DIGITS_SOURCE)
 
