@@ -519,7 +519,7 @@ def raw_request(root: str, form: Form, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + form.body
 
 
-async def _exchange(
+async def exchange(
     host: str,
     port: int,
     request: bytes,
@@ -561,7 +561,7 @@ async def open_loop(
     async def one(scheduled: float) -> None:
         sent = scheduled
         try:
-            status, sent = await _exchange(host, port, request, idle)
+            status, sent = await exchange(host, port, request, idle)
         except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as error:
             status = 0
             failures[type(error).__name__] += 1
