@@ -6,7 +6,11 @@ channels_last) in fp32, bf16 and fp16 (PREDICT_PRECISION), each checked against 
 the probe batch as a model start checks it, and times the forward pass (uint8 batch in,
 probabilities out, synchronised) at batch 1, 8 and 64. Where torch_tensorrt is installed,
 the folded fp32 net compiled by it as well (fp16 kernels allowed); where it is not, the
-row says so. Prints a table and writes JSON (`--json`).
+row says so. Then `/v2` req/s at concurrency 1, 8 and 64 per precision: the API under
+uvicorn serving the ResNet-20 of `bench.predict_load` on the device (SQLite and the embedded
+queue, since the GPU machine runs no Postgres; one 32x32 PNG per request as a v2 BYTES
+element), loaded by an asyncio client of keep-alive connections in this process (wrk is
+not there either). Prints the tables and writes JSON (`--json`).
 
     .venv/bin/python -m bench.gpu_serving --json gpu_serving.json        # on a GPU machine
     .venv/bin/python -m bench.gpu_serving --device cpu --quick           # the CPU path
@@ -15,17 +19,31 @@ row says so. Prints a table and writes JSON (`--json`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+import httpx
+import numpy as np
 import torch
 from torch import Tensor
 
+from bench.predict_load import (
+    api_server,
+    exchange,
+    make_checkpoint,
+    raw_request,
+    request_form,
+    sample_png,
+)
+from core import model_registry
+from core.db import schema
+from core.db.session import get_engine, session_scope
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -35,6 +53,8 @@ from training.predictor import Precision, Predictor
 from training.specs import TrainSpec
 
 BATCHES = (1, 8, 64)
+CONCURRENCY = (1, 8, 64)
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 def checkpoint(folder: Path, model: str) -> Path:
@@ -133,6 +153,70 @@ def _row(
     return {"serving": name, "images_per_s": figures}
 
 
+def served_v2(
+    device: torch.device, precisions: list[Precision], seconds: float
+) -> list[dict[str, Any]]:
+    """One row per precision: the API's `/v2` req/s and latency at each concurrency."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu-serving-v2-") as name:
+        folder = Path(name)
+        url = f"sqlite:///{folder / 'bench.db'}"
+        schema.upgrade(url)
+        make_checkpoint(url, folder / "artifacts")
+        with session_scope(url) as session:
+            model_registry.set_alias(session=session, name="bench", alias="production", version=1)
+        get_engine(url).dispose()
+        form = request_form("v2", sample_png(folder).read_bytes())
+        env = {
+            "DATABASE_URL": url,
+            "BROKER_URL": f"sqla+sqlite:///{folder / 'broker.db'}",
+            "AUTH_ENABLED": "false",
+            "ARTIFACT_DIR": str(folder / "artifacts"),
+            "DATA_DIR": str(folder / "data"),
+            "PREDICT_DEVICE": str(device),
+            "PREDICT_MAX_BATCH": "64",
+        }
+        for precision in precisions:
+            with api_server(env | {"PREDICT_PRECISION": precision}, {}) as base:
+                root = base.removesuffix("/api/v1")
+                request = raw_request(root, form, {})
+                asyncio.run(closed_loop(root, request, 8, min(seconds, 1.0)))  # starts the model
+                loads = [asyncio.run(closed_loop(root, request, c, seconds)) for c in CONCURRENCY]
+            rows.append({"serving": precision, "v2": loads})
+    return rows
+
+
+async def closed_loop(
+    root: str, request: bytes, concurrency: int, seconds: float
+) -> dict[str, Any]:
+    """`concurrency` callers sending `request` back to back for `seconds`: req/s, latency."""
+    parts = httpx.URL(root)
+    latencies: list[float] = []
+    failed = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        nonlocal failed
+        idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        while time.perf_counter() < deadline:
+            status, sent = await exchange(parts.host, parts.port or 80, request, idle)
+            latencies.append(time.perf_counter() - sent)
+            failed += status != 200
+        for _, writer in idle:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    return {
+        "concurrency": concurrency,
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 2),
+        "p99_ms": round(float(np.percentile(latencies, 99)) * 1000, 2),
+        "failed": failed,
+    }
+
+
 def report(rows: list[dict[str, Any]], device: str, model: str) -> None:
     """The table: images/s per way of serving and batch."""
     print(f"{model} served on {device}, images/s (uint8 batch in, probabilities out)")
@@ -145,12 +229,29 @@ def report(rows: list[dict[str, Any]], device: str, model: str) -> None:
         print(f"{row['serving']:<10}{speeds}  {row.get('max_abs_diff_vs_fp32', 0):.1e}")
 
 
+def _cell(load: dict[str, Any]) -> str:
+    return f"{load['requests_per_s']:.0f} ({load['p50_ms']:.1f} / {load['p99_ms']:.1f})"
+
+
+def report_v2(rows: list[dict[str, Any]], device: str) -> None:
+    """The table: `/v2` req/s (p50/p99 ms) per precision and concurrency."""
+    print(f"\nresnet20 behind /v2 on {device}, req/s (p50 / p99 ms), one 32x32 PNG a request")
+    print(f"{'serving':<10}" + "".join(f"{'c' + str(c):>24}" for c in CONCURRENCY))
+    for row in rows:
+        cells = "".join(f"{_cell(load):>24}" for load in row["v2"])
+        print(f"{row['serving']:<10}{cells}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--seconds", type=float, default=3.0, help="per batch size and row")
-    parser.add_argument("--quick", action="store_true", help="resnet8, 0.2 s per figure")
+    parser.add_argument(
+        "--quick", action="store_true", help="resnet8, 0.2 s per figure; /v2 in fp32 for 0.3 s"
+    )
+    parser.add_argument("--v2-seconds", type=float, default=5.0, help="per concurrency")
+    parser.add_argument("--no-v2", action="store_true", help="leave out the /v2 req/s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     model, seconds = ("resnet8", 0.2) if args.quick else (args.model, args.seconds)
@@ -159,6 +260,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = measure(checkpoint(Path(folder), model), device, seconds)
     report(rows, str(device), model)
     result = {"device": str(device), "model": model, "rows": rows, "torch": torch.__version__}
+    if not args.no_v2:
+        precisions = [row["serving"] for row in rows if row["serving"] in PRECISIONS]
+        v2_seconds = 0.3 if args.quick else args.v2_seconds
+        precisions = precisions[:1] if args.quick else precisions  # quick: one server
+        served = served_v2(device, precisions, v2_seconds)
+        report_v2(served, str(device))
+        result["v2"] = served
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
     if args.json:

@@ -1,5 +1,5 @@
 """The GPU serving bench's CPU path, tiny: every precision row measured and checked against
-fp32, TensorRT said unavailable, the JSON as printed."""
+fp32, TensorRT said unavailable, `/v2` req/s at each concurrency, the JSON as printed."""
 
 from __future__ import annotations
 
@@ -25,4 +25,12 @@ def test_the_cpu_path_measures_each_precision(
     assert rows["fp32"]["max_abs_diff_vs_fp32"] == 0
     assert 0 < rows["bf16"]["max_abs_diff_vs_fp32"] <= 0.05
     assert rows["tensorrt"]["unavailable"] == "TensorRT runs on a GPU"
-    assert "bf16" in capsys.readouterr().out
+    (served,) = result["v2"]
+    assert served["serving"] == "fp32"
+    assert [load["concurrency"] for load in served["v2"]] == [1, 8, 64]
+    assert all(load["requests_per_s"] > 0 for load in served["v2"])
+    assert all(load["failed"] == 0 for load in served["v2"])
+    assert all(0 < load["p50_ms"] <= load["p99_ms"] for load in served["v2"])
+    printed = capsys.readouterr().out
+    assert "bf16" in printed
+    assert "behind /v2 on cpu" in printed
