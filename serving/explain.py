@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import socket
-import subprocess
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -47,7 +45,7 @@ from serving.errors import (
 )
 from serving.files import Checked, all_failed, fitted_all, opened_all
 from serving.memo import SingleFlight
-from serving.process import Images, _Channel, _frame, _read, _stop, launch, threads_for
+from serving.process import Images, ProcessEnd, _Channel, _frame, launch, threads_for
 from training import gradcam
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
@@ -91,24 +89,9 @@ class Explanation:
     started: float  # when the request came in (`time.perf_counter`)
 
 
-class ExplainProcess:
+class ExplainProcess(ProcessEnd[Explained]):
     """The API end of a checkpoint's explain process: one request at a time is computed
     there; the others wait in its socket."""
-
-    def __init__(
-        self,
-        process: subprocess.Popen[bytes],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        info: DatasetInfo,
-        preprocessing: Preprocessing,
-    ) -> None:
-        self.process, self.reader, self.writer = process, reader, writer
-        self.info, self.preprocessing = info, preprocessing
-        self.pending: dict[int, asyncio.Future[Explained]] = {}
-        self.ids = itertools.count()
-        self.closed = False
-        self.listener = asyncio.ensure_future(self._listen())
 
     @classmethod
     async def start(cls, path: Path, sha256: str, options: ExplainOptions) -> ExplainProcess:
@@ -133,34 +116,20 @@ class ExplainProcess:
         finally:
             del self.pending[request]
 
-    async def close(self) -> None:
-        """Answer what was sent, then stop the process."""
-        if not self.closed:
-            self.closed = True
-            if not self.writer.is_closing():
-                self.writer.write_eof()
-        await asyncio.wait({self.listener})
-        self.writer.close()
-        await _stop(self.process)
+    def _received(self, message: Any) -> None:
+        kind, request, value = message
+        future = self.pending.get(request)
+        if future is None or future.done():
+            return  # its client went away
+        if kind == "done":
+            future.set_result(Explained(*value))
+        else:
+            future.set_exception(ModelFailedError(f"the explanation failed: {value}"))
 
-    async def _listen(self) -> None:
-        try:
-            while (message := await _read(self.reader)) is not None:
-                kind, request, value = message
-                future = self.pending.get(request)
-                if future is None or future.done():
-                    continue  # its client went away
-                if kind == "done":
-                    future.set_result(Explained(*value))
-                else:
-                    future.set_exception(ModelFailedError(f"the explanation failed: {value}"))
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self.closed = True
-            for future in self.pending.values():
-                if not future.done():
-                    future.set_exception(ModelFailedError("the explain process stopped"))
+    def _stopped(self) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(ModelFailedError("the explain process stopped"))
 
 
 class Explainers:

@@ -32,11 +32,12 @@ import struct
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +58,7 @@ _LENGTH = struct.Struct("!Q")
 Images = npt.NDArray[np.uint8]  # (N, C, H, W)
 Probabilities = npt.NDArray[np.float32]  # (N, classes)
 Timed = tuple[Probabilities, float]  # and the seconds of the forward pass that made them
+_Answer = TypeVar("_Answer")
 
 
 class Overloaded(RuntimeError):  # noqa: N818 (reads as the state the service is in)
@@ -142,7 +144,61 @@ async def launch(
     return process, reader, writer, hello
 
 
-class ModelProcess:
+class ProcessEnd(ABC, Generic[_Answer]):
+    """The API end of a process started by `launch`: its checkpoint's classes and
+    preprocessing, its requests in flight (futures by id), and its close.
+
+    A subclass says what a message from the process settles (`_received`) and what the
+    requests still in flight learn when the process stops (`_stopped`).
+    """
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        info: DatasetInfo,
+        preprocessing: Preprocessing,
+    ) -> None:
+        self.process = process
+        self.reader, self.writer = reader, writer
+        self.info = info
+        self.preprocessing = preprocessing
+        self.pending: dict[int, asyncio.Future[_Answer]] = {}
+        self.ids = itertools.count()
+        self.closed = False
+        self.listener = asyncio.ensure_future(self._listen())
+
+    async def close(self) -> None:
+        """Answer what was sent, then stop the process; later requests are refused."""
+        if not self.closed:
+            self.closed = True
+            if not self.writer.is_closing():
+                self.writer.write_eof()  # the process's end reads the end of its input
+        await asyncio.wait({self.listener})
+        self.writer.close()
+        await _stop(self.process)
+
+    async def _listen(self) -> None:
+        try:
+            while (message := await _read(self.reader)) is not None:
+                self._received(message)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed = True
+            self._stopped()
+
+    @abstractmethod
+    def _received(self, message: Any) -> None:
+        """Settle what a message from the process answers."""
+
+    @abstractmethod
+    def _stopped(self) -> None:
+        """Settle the requests still in flight: the process stopped."""
+
+
+class ModelProcess(ProcessEnd[Timed]):
     """The API end: a checkpoint's process, its requests in flight and its batch sizes."""
 
     def __init__(
@@ -155,23 +211,16 @@ class ModelProcess:
         parameter_bytes: int,
         max_queue: int,
     ) -> None:
-        self.process = process
-        self.reader, self.writer = reader, writer
-        self.info = info
-        self.preprocessing = preprocessing
+        super().__init__(process, reader, writer, info, preprocessing)
         self.bytes = parameter_bytes
         self.max_queue = max_queue
-        self.pending: dict[int, asyncio.Future[Timed]] = {}
         self.sent: dict[int, tuple[float, str]] = {}  # each request's write time and tag
         self.answered = 0.0  # when the last batch's answer arrived
-        self.ids = itertools.count()
         # Forward passes per batch size: a bounded histogram for /predict/stats and the bench.
         self.batch_sizes: Counter[int] = Counter()
         # Told each forward pass's size, with the tag of its first request (the metrics).
         self.on_batch: Callable[[str, int], None] | None = None
-        self.closed = False
         self.loop = asyncio.get_running_loop()  # its socket and futures belong to this loop
-        self.listener = asyncio.ensure_future(self._listen())
 
     @classmethod
     async def start(
@@ -222,32 +271,18 @@ class ModelProcess:
         self.sent[request] = (time.perf_counter(), tag)
         return future
 
-    async def close(self) -> None:
-        """Answer what was sent, then stop the process; later `predict`s raise `Closed`."""
-        if not self.closed:
-            self.closed = True
-            if not self.writer.is_closing():
-                self.writer.write_eof()  # the model's end reads the end of its input
-        await asyncio.wait({self.listener})
-        self.writer.close()
-        await _stop(self.process)
+    def _received(self, message: Any) -> None:
+        kind, *rest = message
+        if kind == "batch":
+            self._answered(*rest)
+        else:  # "failed": the forward pass raised
+            why, requests = rest
+            for request in requests:
+                self._settle(request, error=ForwardError(why))
 
-    async def _listen(self) -> None:
-        try:
-            while (message := await _read(self.reader)) is not None:
-                kind, *rest = message
-                if kind == "batch":
-                    self._answered(*rest)
-                else:  # "failed": the forward pass raised
-                    why, requests = rest
-                    for request in requests:
-                        self._settle(request, error=ForwardError(why))
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self.closed = True
-            for request in list(self.pending):
-                self._settle(request, error=Closed("the model's process stopped"))
+    def _stopped(self) -> None:
+        for request in list(self.pending):
+            self._settle(request, error=Closed("the model's process stopped"))
 
     def _answered(
         self, requests: list[int], counts: list[int], probabilities: Probabilities
