@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -401,19 +402,30 @@ async def load(settings: Settings, cache: ModelCache, target: model_registry.Res
     if served is not None:  # a running model serves on while the store is down
         return served
     try:
+        return await started(settings, target, cache.get, "served")
+    except Overloaded as error:  # no start slot freed in time
+        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
+
+
+async def started(
+    settings: Settings,
+    target: model_registry.Resolved,
+    start: Callable[[Path, str], Awaitable[_T]],
+    use: str,
+) -> _T:
+    """`start(path, sha256)` on the target's checkpoint file, checked against its sha256;
+    an unreachable store is a 503, a checkpoint that cannot be `use`d (served, explained)
+    a 409."""
+    try:
         # The store's own file, or its object fetched into the download cache (a miss only).
         path = await run_in_threadpool(artifacts.local_file, settings, target.path, target.sha256)
-        return await cache.get(path, target.sha256)
+        return await start(path, target.sha256)
     except StoreUnavailableError as error:
         raise UnavailableError(
             f"{STORE_UNAVAILABLE} (model {target.ref!r} is not loaded yet)"
         ) from error
     except CheckpointError as error:
-        raise ConflictError(
-            f"the checkpoint of {target.ref!r} cannot be served: {error}"
-        ) from error
-    except Overloaded as error:  # no start slot freed in time
-        raise OverloadedError(f"{error}; retry in {RETRY_AFTER_S} s") from error
+        raise ConflictError(f"the checkpoint of {target.ref!r} cannot be {use}: {error}") from error
 
 
 def _versions(settings: Settings, target: model_registry.Resolved) -> list[str]:

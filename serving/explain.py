@@ -28,20 +28,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from starlette.concurrency import run_in_threadpool
 
-from core import artifacts, model_registry
-from core.errors import ConflictError, InvalidError
+from core import model_registry
+from core.errors import InvalidError
 from core.owners import Caller
-from core.storage import StoreUnavailableError
-from serving.dataplane import DataPlane, Files
+from serving.dataplane import DataPlane, Files, started
 from serving.errors import (
     RETRY_AFTER_S,
-    STORE_UNAVAILABLE,
     InputTooLargeError,
     ModelFailedError,
     OverloadedError,
-    UnavailableError,
 )
 from serving.files import Checked, all_failed, fitted_all, opened_all
 from serving.memo import SingleFlight
@@ -271,19 +267,7 @@ async def _load(
     plane: DataPlane, explainers: Explainers, target: model_registry.Resolved
 ) -> ExplainProcess:
     """The target's explain process, started after its checkpoint's sha256 check."""
-    try:
-        path = await run_in_threadpool(
-            artifacts.local_file, plane.settings, target.path, target.sha256
-        )
-        return await explainers.get(path, target.sha256)
-    except StoreUnavailableError as error:
-        raise UnavailableError(
-            f"{STORE_UNAVAILABLE} (model {target.ref!r} is not loaded yet)"
-        ) from error
-    except CheckpointError as error:
-        raise ConflictError(
-            f"the checkpoint of {target.ref!r} cannot be explained: {error}"
-        ) from error
+    return await started(plane.settings, target, explainers.get, "explained")
 
 
 # The explain process's end.
