@@ -241,7 +241,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         async def read() -> bytes:  # joined once admitted: a refused call copies nothing
             return header + b"".join(tail)
 
-        answer, raw = await self.plane.infer(
+        (answer, raw), _ = await self.plane.infer(
             ref, caller, read, str(len(header)), status_of=inference.status_of
         )
         return _response(InferResponse.model_validate_json(answer), raw)

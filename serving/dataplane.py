@@ -150,23 +150,6 @@ class DataPlane:
 
         return await self._admitted(ref, caller, status_of, classify, session_key)
 
-    async def infer_served(
-        self,
-        ref: str,
-        caller: Caller,
-        body: Callable[[], Awaitable[bytes]],
-        header_length: str | None,
-        *,
-        status_of: StatusOf,
-        session_key: str | None = None,
-    ) -> tuple[infer.Answer, model_registry.Resolved]:
-        """`infer`'s answer and the version that served it (a weighted alias's choice)."""
-
-        async def answer(call: Call) -> tuple[infer.Answer, model_registry.Resolved]:
-            return await infer.answer(call, await body(), header_length), call.target
-
-        return await self._admitted(ref, caller, status_of, answer, session_key)
-
     async def infer(
         self,
         ref: str,
@@ -176,13 +159,15 @@ class DataPlane:
         *,
         status_of: StatusOf,
         session_key: str | None = None,
-    ) -> infer.Answer:
+    ) -> tuple[infer.Answer, model_registry.Resolved]:
         """The Open Inference Protocol's answer to an infer body (read by `body` once
-        admitted): its JSON header and the raw bytes of a binary output."""
-        served = await self.infer_served(
-            ref, caller, body, header_length, status_of=status_of, session_key=session_key
-        )
-        return served[0]
+        admitted): its JSON header and the raw bytes of a binary output; and the version
+        that served it (a weighted alias's choice)."""
+
+        async def answer(call: Call) -> tuple[infer.Answer, model_registry.Resolved]:
+            return await infer.answer(call, await body(), header_length), call.target
+
+        return await self._admitted(ref, caller, status_of, answer, session_key)
 
     async def model_of(self, target: model_registry.Resolved) -> Replicas:
         """The running model of a resolved version (started on a miss), as a request's."""

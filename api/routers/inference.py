@@ -245,7 +245,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     header_length = request.headers.get(protocol.HEADER_LENGTH)
     plane = plane_of(request)
     session_key = request.headers.get(SESSION_HEADER)
-    (header, raw), served = await plane.infer_served(
+    (header, raw), served = await plane.infer(
         ref, caller, request.body, header_length, status_of=status_of, session_key=session_key
     )
     if raw is None:

@@ -155,7 +155,8 @@ def test_infer_and_metadata_speak_the_inference_protocol(
         return sent
 
     async def work(plane: DataPlane) -> None:
-        header, raw = await plane.infer(str(job), ANYONE, read, None, status_of=status)
+        (header, raw), target = await plane.infer(str(job), ANYONE, read, None, status_of=status)
+        assert target.job_id == job
         assert raw is None
         answer = json.loads(header)
         (output,) = answer["outputs"]
