@@ -149,22 +149,25 @@ function filterForm(choices, changed) {
         values.map((v) => h("option", { value: v, selected: filters[name] === v }, labels[v] ?? v)),
       ),
     );
-  const text = (name, label, placeholder) =>
+  // A search box that keeps its trimmed value in `into[key]`.
+  const search = (tag, name, label, placeholder, into, key) =>
     h(
-      "label",
+      tag,
       {},
       label,
       h("input", {
         name,
-        value: filters[name],
+        value: into[key],
         placeholder,
         type: "search",
         onchange: (e) => {
-          filters[name] = e.target.value.trim();
+          into[key] = e.target.value.trim();
           changed();
         },
       }),
     );
+  const text = (name, label, placeholder) =>
+    search("label", name, label, placeholder, filters, name);
   const sort = h(
     "label",
     {},
@@ -193,35 +196,14 @@ function filterForm(choices, changed) {
     text("tag", "tag", "paper-fig6"),
     text("q", "name contains", "resnet56…"),
     sort,
-    h(
-      "label",
-      {},
-      "or sort by",
-      h("input", {
-        name: "sort-key",
-        value: state.sortKey,
-        placeholder: "-summary.best_train_error",
-        type: "search",
-        onchange: (e) => {
-          state.sortKey = e.target.value.trim();
-          changed();
-        },
-      }),
-    ),
-    h(
+    search("label", "sort-key", "or sort by", "-summary.best_train_error", state, "sortKey"),
+    search(
       "label.wide",
-      {},
+      "filter",
       "where (path op value, comma-separated)",
-      h("input", {
-        name: "filter",
-        value: filters.filter,
-        placeholder: "best_test_error<0.08, model.options.unit=full_preact, recipe.lr>=0.1",
-        type: "search",
-        onchange: (e) => {
-          filters.filter = e.target.value.trim();
-          changed();
-        },
-      }),
+      "best_test_error<0.08, model.options.unit=full_preact, recipe.lr>=0.1",
+      filters,
+      "filter",
     ),
   );
 }
