@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Any
@@ -248,10 +249,17 @@ def delete_job(
 
     Only the key that submitted it, or an admin key, may delete it (403)."""
     jobs.delete(session=session, job_id=job_id, caller=caller)
+    commit_deleted(session, settings, [job_id])
+
+
+def commit_deleted(session: Session, settings: Settings, job_ids: Sequence[uuid.UUID]) -> None:
+    """Commit the deletion of jobs' rows, and remove their files."""
     # Objects go before the rows commit: an unreachable store is a 503 that keeps both.
-    artifacts.delete_job_objects(settings, job_id)
+    for job_id in job_ids:
+        artifacts.delete_job_objects(settings, job_id)
     session.commit()  # the rows go first: a failed commit leaves the local files in place
-    artifacts.delete_job(settings, job_id)
+    for job_id in job_ids:
+        artifacts.delete_job(settings, job_id)
 
 
 @router.get(

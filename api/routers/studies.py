@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from api import idempotency
 from api.deps import ReadCaller, ReadKey, SessionDep, SettingsDep, TrainCaller
 from api.errors import responses
+from api.routers.jobs import commit_deleted
 from api.schemas import (
     CellCurve,
     CellResult,
@@ -32,7 +33,7 @@ from api.schemas import (
     StudyTrialsOut,
 )
 from client.wire import FINAL_STATUSES
-from core import artifacts, listing
+from core import listing
 from core.db.tables import Job, Study
 from core.kinds import train
 from core.queue import enqueue_committed
@@ -349,11 +350,7 @@ def delete_study(
 
     Only the key that submitted it, or an admin key, may delete it (403)."""
     job_ids = service.delete(session=session, study_id=study_id, caller=caller)
-    for job_id in job_ids:  # before the rows commit: an unreachable store is a 503
-        artifacts.delete_job_objects(settings, job_id)
-    session.commit()  # the rows go first: a failed commit leaves the files in place
-    for job_id in job_ids:
-        artifacts.delete_job(settings, job_id)
+    commit_deleted(session, settings, job_ids)
 
 
 def _study_item(session: Session, study: Study) -> StudyItem:
