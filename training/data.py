@@ -25,6 +25,9 @@ class DatasetInfo:
     image_size: tuple[int, int]  # (height, width)
     mean: tuple[float, ...]  # per channel, of the training split, on the [0, 1] scale
     std: tuple[float, ...]
+    # Images of each class in the training split; None in checkpoints written before they
+    # were recorded, and for weights imported from elsewhere.
+    class_counts: tuple[int, ...] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -39,12 +42,14 @@ class DatasetInfo:
             "image_size": list(self.image_size),
             "mean": list(self.mean),
             "std": list(self.std),
+            "class_counts": list(self.class_counts) if self.class_counts is not None else None,
         }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> DatasetInfo:
-        """The `DatasetInfo` that `to_record` wrote."""
+        """The `DatasetInfo` that `to_record` wrote (a record with no class counts has none)."""
         height, width = record["image_size"]
+        counts = record.get("class_counts")
         return cls(
             name=record["name"],
             classes=tuple(record["classes"]),
@@ -52,6 +57,7 @@ class DatasetInfo:
             image_size=(height, width),
             mean=tuple(record["mean"]),
             std=tuple(record["std"]),
+            class_counts=tuple(counts) if counts is not None else None,
         )
 
 

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from sklearn.datasets import load_digits
 
 from tests import images
-from training.data import FileSplit, LoadedDataset, Split, TensorSplit
+from training.data import DatasetInfo, FileSplit, LoadedDataset, Split, TensorSplit
 from training.datasets import (
     DatasetNotFound,
     available_datasets,
@@ -33,8 +33,11 @@ from training.datasets import (
     read_idx,
     unpack_archive,
 )
+from training.events import RecordingSink
+from training.loop import fit
+from training.options import RunOptions
 from training.preprocess import preprocessing_for
-from training.specs import DatasetSpec
+from training.specs import DatasetSpec, TrainSpec
 
 U8 = npt.NDArray[np.uint8]
 Written = tuple[U8, list[int], U8, list[int]]  # train rows, labels, test rows, labels
@@ -537,6 +540,36 @@ def test_imagefolder_uses_train_and_test_trees(root: Path) -> None:
     assert set(_by_key(data.train)) | set(_by_key(data.val)) == set(train)
     assert (len(data.train), len(data.val), data.info.classes) == (6, 2, ("a", "b"))
     _assert_read_back(data, {**train, **test})
+
+
+def test_a_run_records_its_training_splits_class_counts(root: Path, tmp_path: Path) -> None:
+    for start, (name, count) in enumerate({"a": 6, "b": 3, "c": 1}.items()):
+        _write_tree(root / "odd" / "train", (name,), per_class=count, start=start * 10, size=(8, 8))
+        _write_tree(root / "odd" / "test", (name,), per_class=1, start=100 + start, size=(8, 8))
+    run = {
+        "model": {"name": "resnet8"},
+        "dataset": {"name": "imagefolder", "path": "odd", "validation": 0},
+        "recipe": {"iterations": 1, "batch_size": 4, "checkpoint_every": 1},
+    }
+    spec = TrainSpec.model_validate(run)
+    data = load_dataset(spec.dataset, data_root=root)
+    assert data.info.class_counts == (6, 3, 1)
+    fit(spec, data, RunOptions(out_dir=tmp_path / "run"), RecordingSink())
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step-1.pt", weights_only=True)
+    assert saved["data"]["class_counts"] == [6, 3, 1]
+    assert DatasetInfo.from_record(saved["data"]) == data.info
+    # Validation held out of the training split is not counted in it.
+    held = load_dataset(_spec(name="imagefolder", path="odd", validation=0.5), data_root=root)
+    assert held.info.class_counts == tuple(torch.bincount(held.train.labels, minlength=3).tolist())
+    assert sum(held.info.class_counts or ()) == len(held.train) < 10
+
+
+def test_a_record_without_class_counts_reads_back_with_none() -> None:
+    info = DatasetInfo("old", ("a", "b"), 1, (8, 8), (0.5,), (0.25,), (3, 1))
+    record = info.to_record()
+    del record["class_counts"]  # as checkpoints written before the counts were recorded
+    assert DatasetInfo.from_record(record).class_counts is None
+    assert DatasetInfo.from_record(info.to_record()) == info
 
 
 def test_imagefolder_train_and_val_trees_make_val_the_test_split(root: Path) -> None:

@@ -142,6 +142,11 @@ def split_stats(
     return channel_stats(torch.from_numpy(np.stack(sample)))
 
 
+def class_counts(labels: Tensor, classes: int) -> tuple[int, ...]:
+    """Images of each of `classes` classes among `labels`."""
+    return tuple(torch.bincount(labels, minlength=classes).tolist())
+
+
 def _check_labels(parts: Parts) -> None:
     """Refuse labels that name no class (they would crash the loss much later)."""
     val = parts.val.labels if parts.val is not None else torch.empty(0, dtype=torch.int64)
@@ -152,7 +157,7 @@ def _check_labels(parts: Parts) -> None:
 
 def assemble(parts: Parts, spec: DatasetSpec) -> LoadedDataset:
     """Hold out validation (unless the data brings its own), apply the train limit and
-    measure the final training split."""
+    measure the final training split (its channels' mean and std, its class counts)."""
     _check_labels(parts)
     fraction = spec.validation if parts.val is None else 0.0
     train, val = hold_out(parts.train, fraction, spec.split_seed)
@@ -162,7 +167,10 @@ def assemble(parts: Parts, spec: DatasetSpec) -> LoadedDataset:
     if len(train) == 0:
         raise ValueError(f"dataset {parts.name!r} has no training images left after the splits")
     mean, std = split_stats(train, parts.channels, parts.image_size, spec.split_seed)
-    info = DatasetInfo(parts.name, parts.classes, parts.channels, parts.image_size, mean, std)
+    counts = class_counts(train.labels, len(parts.classes))
+    info = DatasetInfo(
+        parts.name, parts.classes, parts.channels, parts.image_size, mean, std, counts
+    )
     val = val if len(val) else empty_split(info)
     sizes = {"train": len(train), "val": len(val), "test": len(parts.test)}
     provenance = Provenance(parts.digest, parts.source, parts.classes, sizes, parts.skipped)
