@@ -383,7 +383,9 @@ class Settings(BaseSettings):
         8192,
         ge=1,
         description="Records held in memory before they are written; beyond, they are "
-        "dropped and counted (resnet_payload_log_dropped_total).",
+        "dropped and counted (resnet_payload_log_dropped_total). As many again of those the "
+        "store refused are kept to retry; beyond, the oldest are lost and counted "
+        "(resnet_payload_log_lost_total).",
     )
     drift_window_images: int = Field(
         1000, ge=1, le=1_000_000, description="Served images the drift statistics look back on."

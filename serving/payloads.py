@@ -18,8 +18,14 @@ first and last record's time, its record count and its sha256
 or `job_payload_prefix`), so the store's listing is the index and a download is verified
 with no table. After each write the version's oldest segments go while its segments pass
 PAYLOAD_LOG_MAX_BYTES, and any older than PAYLOAD_LOG_MAX_AGE_DAYS (every version's, once
-an hour). `stop` has `run` write what is buffered before it returns: a clean stop of the
-server loses nothing; records the store refuses are counted as lost.
+an hour). A segment the store refuses is kept and put again at a later flush, after a
+wait that doubles with each refusal from PAYLOAD_LOG_FLUSH_SECONDS up to RETRY_MAX_S; the
+segments kept hold at most PAYLOAD_LOG_BUFFER records in all, and beyond, the oldest are
+dropped and counted as lost. Segments go in the order their records were served, none
+past one the store refused, and a segment put again has the same name (its sha256 in it),
+so a put that did land is overwritten, not doubled. `stop` has `run` write what is
+buffered and kept before it returns: a clean stop of the server loses nothing the store
+takes.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import random
 import re
 import tempfile
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,6 +67,7 @@ SEGMENT = re.compile(
     r"(?P<first>\d{13})-(?P<last>\d{13})-(?P<records>\d{1,9})-(?P<sha256>[0-9a-f]{64})\.jsonl\.gz"
 )
 SWEEP_EVERY_S = 3600.0  # every version's age bound, also of versions no longer served
+RETRY_MAX_S = 300.0  # the longest a refused segment waits for its next put
 Classes = Callable[[str], tuple[str, ...] | None]  # a checkpoint's class names, by sha256
 
 
@@ -87,6 +94,15 @@ class Sampled:
     classes: tuple[str, ...] | None
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A segment's records not in the store yet: just made, or refused and kept to retry."""
+
+    prefix: str
+    label: str
+    records: list[dict[str, Any]]
+
+
 class PayloadLog:
     """The sampled payloads of a server's predictions: buffered by the tap, written by `run`."""
 
@@ -97,13 +113,18 @@ class PayloadLog:
         metrics: WatchMetrics,
         classes: Classes,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings, self.store, self.metrics = settings, store, metrics
-        self.classes, self.rng = classes, rng
+        self.classes, self.rng, self.clock = classes, rng, clock
         self.buffer: list[Sampled] = []
         self.buffered = 0  # records in `buffer`
         self.dropped = 0  # records the full buffer turned away
-        self.lost = 0  # records the store refused
+        self.lost = 0  # records refused by the store and dropped (or never made)
+        self.pending: deque[Pending] = deque()  # segments to put, oldest first
+        self.pending_records = 0  # records in `pending`
+        self._refusals = 0  # puts refused in a row
+        self._retry_at = float("-inf")  # `clock()` before which no put is tried again
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._swept = float("-inf")  # when every version's age bound was last applied
@@ -141,7 +162,7 @@ class PayloadLog:
                 await asyncio.wait_for(self._wake.wait(), self.settings.payload_log_flush_seconds)
             self._wake.clear()
             await self.flush()
-        await self.flush()  # what was buffered while the last write ran
+        await self.flush(last=True)  # what was buffered while the last write ran, and kept
 
     def stop(self) -> None:
         """Have `run` write what is buffered and return."""
@@ -149,53 +170,101 @@ class PayloadLog:
         if self._wake is not None:
             self._wake.set()
 
-    async def flush(self) -> None:
-        """Write what is buffered now, in a worker thread."""
+    async def flush(self, *, last: bool = False) -> None:
+        """Make segments of what is buffered, queue them behind those kept, and put the
+        queue in a worker thread once the wait after a refusal is over (at once with `last`,
+        which counts as lost what the store still refuses)."""
         taken, self.buffer, self.buffered = self.buffer, [], 0
+        if taken:
+            settings = self.settings
+            try:
+                made = await run_in_threadpool(
+                    segments_of, taken, settings.payload_log_batch, settings.payload_log_images
+                )
+            except Exception:  # what watches traffic never stops the server: logged, counted
+                self.lost += sum(len(sampled.indexes) for sampled in taken)
+                log.exception("payload records were lost making them")
+            else:
+                self._keep(made)
         sweep = time.time() - self._swept >= SWEEP_EVERY_S
-        if not taken and not sweep:
-            return
-        try:
-            await run_in_threadpool(self.write, taken, sweep)
-        except Exception:  # what watches traffic never stops the server: logged, counted
-            self.lost += sum(len(sampled.indexes) for sampled in taken)
-            log.exception("payload records were lost writing them")
+        send = bool(self.pending) and (last or self.clock() >= self._retry_at)
+        if send or sweep:
+            try:
+                await run_in_threadpool(self.write, sweep, send)
+            except Exception:  # the segments not put stay kept
+                log.exception("payload segments were not written")
+        if last:
+            for pending in self.pending:
+                self._lose(pending.label, len(pending.records), "the server stopped first")
+            self.pending.clear()
+            self.pending_records = 0
 
-    def write(self, taken: list[Sampled], sweep: bool = False) -> None:
-        """Store each version's records as segments, then hold the versions to their bounds
-        (every version's, with `sweep`)."""
-        by_prefix: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
-        labels: dict[str, str] = {}
-        images = self.settings.payload_log_images
-        for sampled in taken:
-            target = sampled.served.target
-            prefix = prefix_of(target)
-            labels[prefix] = label_of(target)
-            by_prefix[prefix] += [record(sampled, index, images) for index in sampled.indexes]
-        for prefix, records in by_prefix.items():
-            self._store(prefix, labels[prefix], records)
+    def write(self, sweep: bool = False, send: bool = True) -> None:
+        """Put the segments kept (with `send`), then hold the versions written to their
+        bounds (every version's, with `sweep`)."""
+        written = self._send() if send else set()
         now = time.time()
         if sweep:
             self._swept = now
-        for prefix in self._prefixes() if sweep else list(by_prefix):
+        for prefix in self._prefixes() if sweep else sorted(written):
             try:
                 bound(self.store, prefix, self.settings, now, self.metrics)
             except StoreError as error:
                 log.warning("payload segments under %s were not bounded: %s", prefix, error)
 
-    def _store(self, prefix: str, label: str, records: list[dict[str, Any]]) -> None:
-        """Put `records` as segments of at most PAYLOAD_LOG_BATCH records; count the lost."""
-        size = self.settings.payload_log_batch
-        for start in range(0, len(records), size):
-            chunk = records[start : start + size]
-            try:
-                put_segment(self.store, prefix, chunk)
-            except StoreError as error:
-                self.lost += len(chunk)
-                self.metrics.lost.labels(label).inc(len(chunk))
-                log.warning("%d payload records of %s were lost: %s", len(chunk), label, error)
+    def _keep(self, made: list[Pending]) -> None:
+        """Queue segments behind those kept; beyond PAYLOAD_LOG_BUFFER records in all, the
+        oldest records go, counted as lost."""
+        self.pending.extend(made)
+        self.pending_records += sum(len(pending.records) for pending in made)
+        while self.pending_records > self.settings.payload_log_buffer:
+            oldest = self.pending[0]
+            gone = min(len(oldest.records), self.pending_records - self.settings.payload_log_buffer)
+            if gone == len(oldest.records):
+                self.pending.popleft()
             else:
-                self.metrics.logged.labels(label).inc(len(chunk))
+                self.pending[0] = Pending(oldest.prefix, oldest.label, oldest.records[gone:])
+            self.pending_records -= gone
+            self._lose(oldest.label, gone, "more were kept than PAYLOAD_LOG_BUFFER")
+
+    def _send(self) -> set[str]:
+        """Put the kept segments, oldest first, until the store refuses one; the prefixes
+        written."""
+        written: set[str] = set()
+        while self.pending:
+            pending = self.pending[0]
+            try:
+                put_segment(self.store, pending.prefix, pending.records)
+            except Exception as error:  # StoreError, or a temporary file not written
+                self._refused(pending, error)
+                break
+            self.pending.popleft()
+            self.pending_records -= len(pending.records)
+            self._refusals = 0
+            self.metrics.logged.labels(pending.label).inc(len(pending.records))
+            written.add(pending.prefix)
+        return written
+
+    def _refused(self, pending: Pending, error: Exception) -> None:
+        """Wait before the next put: the flush interval, doubled with each refusal in a row."""
+        self._refusals += 1
+        doubled = 2 ** min(self._refusals - 1, 16)
+        wait = min(RETRY_MAX_S, self.settings.payload_log_flush_seconds * doubled)
+        self._retry_at = self.clock() + wait
+        log.warning(
+            "the store refused a payload segment of %s; %d records are kept, tried in %.0f s: %s",
+            pending.label,
+            self.pending_records,
+            wait,
+            error,
+            exc_info=not isinstance(error, StoreError),
+        )
+
+    def _lose(self, label: str, count: int, why: str) -> None:
+        """Count records as lost."""
+        self.lost += count
+        self.metrics.lost.labels(label).inc(count)
+        log.warning("%d payload records of %s were lost: %s", count, label, why)
 
     def _prefixes(self) -> list[str]:
         """The folders of every version's segments in the store."""
@@ -205,6 +274,23 @@ class PayloadLog:
             log.warning("payload segments were not listed for their age bound: %s", error)
             return []
         return sorted({key.rpartition("/")[0] + "/" for key in keys})
+
+
+def segments_of(taken: list[Sampled], size: int, with_images: bool) -> list[Pending]:
+    """The records of `taken` per version (or job), in segments of at most `size` records,
+    in the order they were served."""
+    by_prefix: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+    labels: dict[str, str] = {}
+    for sampled in taken:
+        target = sampled.served.target
+        prefix = prefix_of(target)
+        labels[prefix] = label_of(target)
+        by_prefix[prefix] += [record(sampled, index, with_images) for index in sampled.indexes]
+    return [
+        Pending(prefix, labels[prefix], records[start : start + size])
+        for prefix, records in by_prefix.items()
+        for start in range(0, len(records), size)
+    ]
 
 
 def prefix_of(target: Resolved) -> str:

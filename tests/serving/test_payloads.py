@@ -1,6 +1,7 @@
 """The payload log: the tap's sample and its bounded buffer, segments written by a real
 data plane's model processes to a local folder and to S3 (moto), the bounds of size and
-age, and a store that hangs never holding back an answer."""
+age, segments a store refuses put again after a wait (and the bound on those kept), and a
+store that hangs never holding back an answer."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import base64
 import hashlib
 import inspect
 import io
+import math
 import random
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +28,7 @@ from core import layout
 from core.model_registry import Resolved
 from core.owners import Caller
 from core.settings import Settings
-from core.storage import LocalStore, S3Store, Store
+from core.storage import LocalStore, S3Store, Store, StoreUnavailableError
 from serving import payloads
 from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane, Served
@@ -53,12 +57,19 @@ def batch(count: int, seed: int = 0, at: Resolved | None = None) -> Served:
     return Served(at or target(), Caller(), pixels, scores / scores.sum(1, keepdims=True), 0.004)
 
 
-def payload_log(settings: Settings, store: Store, **changes: object) -> payloads.PayloadLog:
-    """A payload log of `settings` changed by `changes`, with a seeded draw."""
+def payload_log(
+    settings: Settings, store: Store, clock: Callable[[], float] = time.monotonic, **changes: object
+) -> payloads.PayloadLog:
+    """A payload log of `settings` changed by `changes`, with a seeded draw (and `clock`)."""
     changed = settings.model_copy(update=changes)
     metrics = WatchMetrics(CollectorRegistry())
     return payloads.PayloadLog(
-        changed, store, metrics, lambda _: CLASSES, rng=random.Random(7).random
+        changed,
+        store,
+        metrics,
+        lambda _: CLASSES,
+        rng=random.Random(7).random,
+        clock=clock,
     )
 
 
@@ -178,6 +189,95 @@ def test_segments_older_than_the_age_bound_go(local_settings: Settings, store: S
     assert payloads.segments(store, elsewhere) == []
     assert other_key not in store.keys(layout.PAYLOADS + "/")
     assert counted(log, "deleted", reason="age") == 2
+
+
+class RefusingStore(LocalStore):
+    """A local store whose first `refusals` puts fail as an unreachable store's do."""
+
+    def __init__(self, root: Path, refusals: float) -> None:
+        super().__init__(root)
+        self.refusals, self.tries = refusals, 0
+
+    def put(self, key: str, source: Path, sha256: str) -> None:
+        self.tries += 1
+        if self.tries <= self.refusals:
+            raise StoreUnavailableError("the store is down")
+        super().put(key, source, sha256)
+
+
+class ManualClock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stored(store: Store, prefix: str) -> list[tuple[str, str]]:
+    """(time, sha256) of every stored record under `prefix`, segment by segment in name order."""
+    return [
+        (found["time"], found["sha256"])
+        for segment in payloads.segments(store, prefix)
+        for found in payloads.read_records(store.fetch(segment.key, segment.sha256))
+    ]
+
+
+def test_refused_segments_are_put_again_after_a_wait_once_and_in_order(
+    local_settings: Settings, tmp_path: Path
+) -> None:
+    store, clock = RefusingStore(tmp_path / "artifacts", refusals=3), ManualClock()
+    log = payload_log(
+        local_settings,
+        store,
+        clock,
+        payload_log_sample=1.0,
+        payload_log_batch=2,
+        payload_log_flush_seconds=10,
+    )
+    tries = []
+    for seed in range(6):
+        time.sleep(0.002)  # each batch a later time
+        log.tap(batch(2, seed))
+        asyncio.run(log.flush())
+        tries.append(store.tries)
+        clock.now += 10  # a flush interval
+    # Refused at 0; put again 10 s later (refused), then 20 s (at 30: refused), then 40 s.
+    assert tries == [1, 2, 2, 3, 3, 3]
+    assert (log.pending_records, log.lost) == (12, 0)
+    clock.now += 10  # 40 s after the third refusal
+    asyncio.run(log.flush())
+    assert (log.pending, log.lost) == (deque(), 0)
+    served = [payloads.digest(image) for seed in range(6) for image in batch(2, seed).images]
+    found = stored(store, layout.payload_prefix("digits", 2))
+    assert [sha256 for _, sha256 in found] == served  # every record once, in order
+    assert [at for at, _ in found] == sorted(at for at, _ in found)
+    assert counted(log, "logged", model="digits/2") == 12
+    assert counted(log, "lost", model="digits/2") == 0
+
+
+def test_a_store_that_always_refuses_keeps_at_most_the_bound_and_counts_the_rest_lost(
+    local_settings: Settings, tmp_path: Path
+) -> None:
+    store, clock = RefusingStore(tmp_path / "artifacts", refusals=math.inf), ManualClock()
+    log = payload_log(local_settings, store, clock, payload_log_sample=1.0, payload_log_buffer=10)
+    for seed in range(8):
+        log.tap(batch(3, seed))
+        asyncio.run(log.flush())
+        clock.now += 1000  # past every wait: each flush tries again
+        assert log.pending_records <= 10
+    assert log.pending_records == 10
+    assert log.lost == 24 - 10
+    assert counted(log, "lost", model="digits/2") == 14
+    # The newest are those kept: the oldest went first.
+    kept = [found["sha256"] for pending in log.pending for found in pending.records]
+    newest = [payloads.digest(image) for seed in range(4, 8) for image in batch(3, seed).images]
+    assert kept == newest[-10:]
+    log.stop()
+    asyncio.run(log.run())  # a stop with the store still refusing: what was kept is lost
+    assert (log.pending_records, log.lost) == (0, 24)
+    assert payloads.segments(store, layout.payload_prefix("digits", 2)) == []
 
 
 class HangingStore(LocalStore):
