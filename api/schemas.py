@@ -821,8 +821,9 @@ class DriftReference(BaseModel):
     std: list[float]
     classes: list[str]
     class_distribution: list[float]
-    class_source: Literal["uniform"] = Field(
-        description="uniform: the checkpoint records no class counts of its training split."
+    class_source: Literal["uniform", "training_split"] = Field(
+        description="training_split: the training split's class shares; uniform: the "
+        "checkpoint records no class counts of its training split."
     )
 
 

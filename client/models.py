@@ -639,7 +639,7 @@ class DriftReference(TypedDict):
     std: list[float]
     classes: list[str]
     class_distribution: list[float]
-    class_source: Literal["uniform"]
+    class_source: Literal["uniform", "training_split"]
 
 
 class ChannelDrift(TypedDict):

@@ -10,10 +10,11 @@ mean squares on the 0..1 scale and its predicted class, so the statistics are:
 - per channel, the served mean and std (over every pixel of the window's images) and the
   shift |mean served - mean train| / std train, with the training split's mean and std the
   checkpoint records (`training.data.DatasetInfo`), and std served / std train;
-- the predicted classes' distribution against the reference's: the checkpoint records the
-  class names but not the training split's class counts, so the reference is uniform over
-  the classes; its total variation distance, Jensen-Shannon distance (base 2, 0..1) and
-  the chi-square goodness-of-fit p-value (scipy).
+- the predicted classes' distribution against the reference's: the training split's class
+  shares where the checkpoint records its class counts, else (checkpoints written before
+  they were recorded, imported weights) uniform over the classes; its total variation
+  distance, Jensen-Shannon distance (base 2, 0..1) and the chi-square goodness-of-fit
+  p-value (scipy).
 
 The window is this process's: each API process watches the requests it served. The
 statistics go to the Prometheus gauges of `serving.metrics.WatchMetrics` at each fold.
@@ -29,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +47,9 @@ from training.data import DatasetInfo
 log = logging.getLogger(__name__)
 
 FOLD_EVERY_S = 1.0  # how stale the gauges may be; reads fold first
-UNIFORM = "uniform"  # the reference's class distribution when no class counts are recorded
+ClassSource = Literal["uniform", "training_split"]  # where a reference's class shares come from
+UNIFORM: ClassSource = "uniform"  # no class counts recorded: every class alike
+TRAINING_SPLIT: ClassSource = "training_split"  # the training split's class counts
 Floats = npt.NDArray[np.float64]
 InfoOf = Callable[[str], DatasetInfo | None]  # a loaded checkpoint's data, by sha256
 
@@ -59,14 +63,18 @@ class Reference:
     std: tuple[float, ...]
     classes: tuple[str, ...]
     distribution: tuple[float, ...]
-    source: str
+    source: ClassSource
 
     @classmethod
     def of(cls, info: DatasetInfo) -> Reference:
-        """The reference a checkpoint's data gives: its classes held uniform (the training
-        split's class counts are not recorded)."""
-        share = 1 / info.num_classes
-        return cls(info.mean, info.std, info.classes, (share,) * info.num_classes, UNIFORM)
+        """The reference a checkpoint's data gives: its training split's class shares, or
+        every class alike where it records no class counts."""
+        counts = info.class_counts
+        if counts is None or len(counts) != info.num_classes or sum(counts) <= 0:
+            share = 1 / info.num_classes
+            return cls(info.mean, info.std, info.classes, (share,) * info.num_classes, UNIFORM)
+        shares = tuple(count / sum(counts) for count in counts)
+        return cls(info.mean, info.std, info.classes, shares, TRAINING_SPLIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +122,19 @@ def class_distance(
     served, reference = counts / total, np.asarray(expected)
     variation = float(0.5 * np.abs(served - reference).sum())
     distance = float(jensenshannon(served, reference, base=2))
-    p_value = float(chisquare(counts, f_exp=reference * total).pvalue) if len(counts) > 1 else None
-    return variation, distance, p_value
+    return variation, distance, goodness_of_fit(counts, reference)
+
+
+def goodness_of_fit(counts: npt.NDArray[np.int64], reference: Floats) -> float | None:
+    """The chi-square p-value of `counts` against the shares `reference` (None with one
+    possible class; 0 when a class the reference never holds was predicted)."""
+    possible = reference > 0
+    if counts[~possible].any():
+        return 0.0
+    if possible.sum() < 2:
+        return None
+    expected = reference[possible] * counts.sum()
+    return float(chisquare(counts[possible], f_exp=expected).pvalue)
 
 
 @dataclass(slots=True)

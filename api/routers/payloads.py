@@ -306,7 +306,7 @@ def _drift_out(
             std=list(reference.std),
             classes=list(reference.classes),
             class_distribution=list(reference.distribution),
-            class_source="uniform",
+            class_source=reference.source,
         )
         if reference is not None
         else None,

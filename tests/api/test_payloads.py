@@ -130,7 +130,9 @@ def test_the_drift_of_what_was_served(served: TestClient) -> None:
     logged(served, f"{VERSION}/payloads", 6)
     drift = served.get(f"{VERSION}/drift").json()
     assert drift["window"]["images"] == 6
-    assert drift["reference"]["class_source"] == "uniform"
+    # The tiny run's checkpoint records its training split's class counts.
+    assert drift["reference"]["class_source"] == "training_split"
+    assert sum(drift["reference"]["class_distribution"]) == pytest.approx(1.0)
     assert len(drift["reference"]["mean"]) == len(drift["channels"]) == 3
     # Flat grey images at 0, 40 and 80 of 255: their mean is 40 / 255 in every channel.
     for channel in drift["channels"]:

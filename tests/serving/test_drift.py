@@ -1,5 +1,6 @@
-"""Drift: the window's statistics against numbers worked by hand, its bounds, and a real
-data plane serving digits whose inverted images raise the shift (and its gauge)."""
+"""Drift: the window's statistics against numbers worked by hand, its bounds, the class
+reference a checkpoint's data gives, and a real data plane serving digits whose inverted
+images raise the shift (and its gauge)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from core.owners import Caller
 from core.settings import Settings
 from serving.cache import ModelCache, RefCache
 from serving.dataplane import DataPlane, Served
-from serving.drift import UNIFORM, DriftMonitor, Reference, Window
+from serving.drift import TRAINING_SPLIT, UNIFORM, DriftMonitor, Reference, Window
 from serving.metrics import ModelMetrics, WatchMetrics
 from serving.process import ServingOptions
 from tests import images
@@ -96,6 +97,27 @@ def test_the_window_keeps_its_last_images_within_its_seconds() -> None:
     assert (empty.images, empty.served_mean, empty.total_variation) == (0, [], None)
 
 
+def test_the_class_reference_is_the_training_splits_shares_where_recorded() -> None:
+    info = DatasetInfo(
+        "odd", ("a", "b", "c", "d"), 3, (2, 2), (0.5,) * 3, (0.25,) * 3, (5, 3, 2, 0)
+    )
+    reference = Reference.of(info)
+    assert reference.distribution == pytest.approx((0.5, 0.3, 0.2, 0.0))
+    assert reference.source == TRAINING_SPLIT
+    record = info.to_record()
+    del record["class_counts"]  # a checkpoint written before the counts were recorded
+    old = Reference.of(DatasetInfo.from_record(record))
+    assert (old.distribution, old.source) == ((0.25,) * 4, UNIFORM)
+    window = Window(reference, 100)
+    window.add(np.stack([flat(128, 128, 128)] * 10), answered([0] * 5 + [1] * 3 + [2] * 2), 1.0)
+    drift = window.drift()
+    assert drift.total_variation == pytest.approx(0.0)  # served as the training split
+    assert drift.p_value == pytest.approx(1.0)
+    window.add(flat(128, 128, 128)[None], answered([3]), 2.0)
+    # A class the training split never held: no chi-square, its p-value is 0.
+    assert window.drift().p_value == 0.0
+
+
 def served_batch(count: int, label: int = 0) -> Served:
     """An answered batch of `count` flat images of `digits/1`."""
     target = Resolved("digits/1", uuid.UUID(int=1), "digits", 1, "/nowhere", "e" * 64, 2)
@@ -129,9 +151,12 @@ def test_inverted_digits_raise_the_shift_and_its_gauge(
     settings: Settings, digits_job: uuid.UUID
 ) -> None:
     spec = TrainSpec.model_validate(DIGITS)
-    split = load_dataset(spec.dataset, data_root=settings.data_dir).test
+    data = load_dataset(spec.dataset, data_root=settings.data_dir)
+    split, counts = data.test, data.info.class_counts
     assert isinstance(split, TensorSplit)
+    assert counts is not None
     test = split.images[:32].numpy()
+    shares = [count / sum(counts) for count in counts]
     plain = [images.encode(Image.fromarray(image[0], "L")) for image in test]
     inverted = [images.encode(Image.fromarray(255 - image[0], "L")) for image in test]
 
@@ -152,6 +177,8 @@ def test_inverted_digits_raise_the_shift_and_its_gauge(
         assert drift.images == len(pngs)
         assert drift.reference is not None
         assert drift.reference.mean == pytest.approx((0.306,), abs=1e-3)
+        assert drift.reference.source == TRAINING_SPLIT
+        assert drift.reference.distribution == pytest.approx(shares)
         gauge = registry.get_sample_value(
             "resnet_model_drift_mean_shift", {"model": str(digits_job), "channel": "0"}
         )

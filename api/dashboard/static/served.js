@@ -95,7 +95,11 @@ function driftTable(drift) {
       ? h(
           "p",
           { dataset: { role: "class-drift" } },
-          `Predicted classes against a uniform reference: total variation ${fixed(classes.total_variation)}`,
+          `Predicted classes against ${
+            drift.reference.class_source === "training_split"
+              ? "the training split's class shares"
+              : "a uniform reference"
+          }: total variation ${fixed(classes.total_variation)}`,
           ` · Jensen-Shannon ${fixed(classes.jensen_shannon)}`,
           ` · χ² p ${classes.p_value === null ? "–" : classes.p_value.toExponential(1)}`,
         )
