@@ -387,6 +387,11 @@ class Settings(BaseSettings):
         "store refused are kept to retry; beyond, the oldest are lost and counted "
         "(resnet_payload_log_lost_total).",
     )
+    drift_enabled: bool = Field(
+        True,
+        description="Watch each served model's inputs and classes against its training data "
+        "(`GET .../drift`); false installs no drift tap and the drift routes answer 409.",
+    )
     drift_window_images: int = Field(
         1000, ge=1, le=1_000_000, description="Served images the drift statistics look back on."
     )

@@ -16,6 +16,8 @@ mean squares on the 0..1 scale and its predicted class, so the statistics are:
   distance, Jensen-Shannon distance (base 2, 0..1) and the chi-square goodness-of-fit
   p-value (scipy).
 
+With DRIFT_ENABLED=false the API installs no tap, `run` returns at once and `read` refuses.
+
 The window is this process's: each API process watches the requests it served. The
 statistics go to the Prometheus gauges of `serving.metrics.WatchMetrics` at each fold.
 """
@@ -38,6 +40,7 @@ from scipy.spatial.distance import jensenshannon  # type: ignore[import-untyped]
 from scipy.stats import chisquare  # type: ignore[import-untyped]
 from starlette.concurrency import run_in_threadpool
 
+from core.errors import ConflictError
 from core.settings import Settings
 from serving.dataplane import Served, label_of
 from serving.metrics import WatchMetrics
@@ -50,6 +53,10 @@ FOLD_EVERY_S = 1.0  # how stale the gauges may be; reads fold first
 ClassSource = Literal["uniform", "training_split"]  # where a reference's class shares come from
 UNIFORM: ClassSource = "uniform"  # no class counts recorded: every class alike
 TRAINING_SPLIT: ClassSource = "training_split"  # the training split's class counts
+DRIFT_OFF = (
+    "drift is turned off on this server; set DRIFT_ENABLED=true (the default) and restart "
+    "the API to watch it"
+)
 Floats = npt.NDArray[np.float64]
 InfoOf = Callable[[str], DatasetInfo | None]  # a loaded checkpoint's data, by sha256
 
@@ -234,7 +241,9 @@ class DriftMonitor:
             self._noted_images[label] = count
 
     async def run(self) -> None:
-        """Fold the noted batches once a second until `stop`."""
+        """Fold the noted batches once a second until `stop` (at once with drift off)."""
+        if not self.settings.drift_enabled:
+            return
         self._wake = asyncio.Event()
         while not self._stopping:
             try:
@@ -266,6 +275,8 @@ class DriftMonitor:
 
     def read(self, label: str) -> Drift | None:
         """The statistics of a model's window now (None when it was not served here)."""
+        if not self.settings.drift_enabled:
+            raise ConflictError(DRIFT_OFF)
         self.fold()
         window = self.windows.get(label)
         return window.drift() if window is not None else None

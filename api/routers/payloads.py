@@ -99,7 +99,7 @@ def download_version_payloads(
 @router.get(
     "/{name}/versions/{version}/drift",
     summary="A version's drift from its training data",
-    responses=responses(401, 403, 404, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 def read_version_drift(
     name: str, version: Version, request: Request, session: SessionDep, caller: ReadCaller
@@ -152,7 +152,7 @@ def download_job_payloads(
 @job_payloads.get(
     "/{job_id}/drift",
     summary="A job's drift from its training data (served by its id)",
-    responses=responses(401, 403, 404, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 def read_job_drift(
     job_id: uuid.UUID, request: Request, session: SessionDep, caller: ReadCaller
@@ -179,7 +179,8 @@ async def watching(app: FastAPI, plane: DataPlane) -> AsyncIterator[DriftMonitor
     drift = DriftMonitor(settings, metrics, lambda sha256: _loaded_info(models, sha256))
     if settings.payload_log_sample > 0:
         plane.taps.append(log.tap)
-    plane.taps.append(drift.tap)
+    if settings.drift_enabled:  # off: no per-batch cost; the drift routes answer 409
+        plane.taps.append(drift.tap)
     tasks = [asyncio.create_task(log.run()), asyncio.create_task(drift.run())]
     try:
         yield drift

@@ -193,6 +193,24 @@ def test_a_clean_stop_writes_what_was_buffered(
     assert after - before == 3
 
 
+def test_drift_turned_off_has_no_tap_and_its_route_says_how_to_turn_it_on(
+    settings: Settings, owner: Key, served: TestClient
+) -> None:
+    off = settings.model_copy(update={"drift_enabled": False, "reads_owner_only": False})
+    app = create_app(off)
+    with TestClient(app, headers=owner.headers) as client:
+        plane, monitor = client.app_state["plane"], client.app_state["drift"]
+        assert monitor.tap not in plane.taps  # no per-batch cost
+        answer = client.post(f"{API}/predict", params={"model": "tiny/1"}, files=FILES)
+        assert answer.status_code == 200, answer.text
+        refused = client.get(f"{VERSION}/drift")
+        assert refused.status_code == 409
+        assert "DRIFT_ENABLED=true" in refused.json()["error"]["message"]
+        metrics = client.get(f"{API}/metrics").text
+        assert "resnet_model_drift_window_images{" not in metrics
+        assert client.get(f"{VERSION}/payloads").status_code == 200  # the log still runs
+
+
 def test_the_python_client_reads_the_log_and_the_drift(
     served: TestClient, owner: Key, tmp_path: Path
 ) -> None:

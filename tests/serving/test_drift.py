@@ -1,6 +1,6 @@
 """Drift: the window's statistics against numbers worked by hand, its bounds, the class
-reference a checkpoint's data gives, and a real data plane serving digits whose inverted
-images raise the shift (and its gauge)."""
+reference a checkpoint's data gives, the monitor turned off, and a real data plane serving
+digits whose inverted images raise the shift (and its gauge)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 from prometheus_client import CollectorRegistry
 
+from core.errors import ConflictError
 from core.model_registry import Resolved
 from core.owners import Caller
 from core.settings import Settings
@@ -116,6 +117,14 @@ def test_the_class_reference_is_the_training_splits_shares_where_recorded() -> N
     window.add(flat(128, 128, 128)[None], answered([3]), 2.0)
     # A class the training split never held: no chi-square, its p-value is 0.
     assert window.drift().p_value == 0.0
+
+
+def test_drift_turned_off_refuses_its_reads_naming_the_setting(local_settings: Settings) -> None:
+    settings = local_settings.model_copy(update={"drift_enabled": False})
+    monitor = DriftMonitor(settings, WatchMetrics(CollectorRegistry()), lambda _: None)
+    asyncio.run(asyncio.wait_for(monitor.run(), 5))  # returns at once: nothing to fold
+    with pytest.raises(ConflictError, match="DRIFT_ENABLED=true"):
+        monitor.read("digits/1")
 
 
 def served_batch(count: int, label: int = 0) -> Served:

@@ -40,7 +40,8 @@ function versionPanel(name, version) {
 
 async function draw(body, path, stem) {
   const [drift, segments] = await Promise.all([
-    api(`${path}/drift`),
+    // 409: drift is turned off on this server (DRIFT_ENABLED); the payloads still show.
+    api(`${path}/drift`).catch((e) => (e.status === 409 ? { off: e.message } : Promise.reject(e))),
     api(`${path}/payloads?limit=${SEGMENTS_SHOWN}`),
   ]);
   body.replaceChildren(driftTable(drift), segmentTable(segments, path, stem));
@@ -48,6 +49,7 @@ async function draw(body, path, stem) {
 
 /** The window's per-channel shift and class distance against the training data. */
 function driftTable(drift) {
+  if (drift.off) return notice(drift.off);
   const w = drift.window;
   const heading = h(
     "p",
