@@ -146,38 +146,57 @@ def goodness_of_fit(counts: npt.NDArray[np.int64], reference: Floats) -> float |
 
 @dataclass(slots=True)
 class Window:
-    """A model's last served images: per image its time, channel means, channel mean
-    squares and predicted class."""
+    """A model's last `size` served images in a ring of arrays: per image its time,
+    channel means, channel mean squares (0..1 scale) and predicted class. A batch is a
+    few array operations, whatever its size; nothing is done per image in Python."""
 
     reference: Reference | None
     size: int
-    rows: deque[tuple[float, Floats, Floats, int]] = field(init=False)
+    times: Floats = field(init=False)
+    means: Floats = field(init=False)
+    squares: Floats = field(init=False)
+    predicted: npt.NDArray[np.int64] = field(init=False)
+    end: int = field(init=False, default=0)  # where the next image goes
+    count: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        self.rows = deque(maxlen=self.size)
+        self.times = np.zeros(self.size)
+        self.means = self.squares = np.zeros((self.size, 0))
+        self.predicted = np.zeros(self.size, dtype=np.int64)
 
     def add(self, images: Images, probabilities: Probabilities, at: float) -> None:
         """Note a batch's images and predicted classes."""
-        pixels = images.reshape(len(images), images.shape[1], -1).astype(np.float64) / 255
-        means, squares = pixels.mean(axis=2), (pixels * pixels).mean(axis=2)
-        for mean, square, predicted in zip(
-            means, squares, probabilities.argmax(axis=1), strict=True
-        ):
-            self.rows.append((at, mean, square, int(predicted)))
+        images, probabilities = images[-self.size :], probabilities[-self.size :]
+        flat = images.reshape(len(images), images.shape[1], -1)
+        if self.means.shape[1] != flat.shape[1]:  # the first batch says the channels
+            self.means = np.zeros((self.size, flat.shape[1]))
+            self.squares = np.zeros((self.size, flat.shape[1]))
+            self.count = 0
+        # Integer sums: exact, and no float copy of every pixel.
+        sums = flat.sum(axis=2, dtype=np.int64)
+        squares = np.square(flat, dtype=np.uint16).sum(axis=2, dtype=np.int64)  # 255^2 fits
+        slots = (self.end + np.arange(len(flat))) % self.size
+        self.times[slots] = at
+        self.means[slots] = sums / (flat.shape[2] * 255.0)
+        self.squares[slots] = squares / (flat.shape[2] * 255.0 * 255.0)
+        self.predicted[slots] = probabilities.argmax(axis=1)
+        self.end = (self.end + len(flat)) % self.size
+        self.count = min(self.size, self.count + len(flat))
+
+    def _held(self) -> npt.NDArray[np.intp]:
+        """The ring's positions of the images held, oldest first."""
+        return (self.end - self.count + np.arange(self.count)) % self.size
 
     def trim(self, oldest: float) -> None:
         """Forget the images served before `oldest`."""
-        while self.rows and self.rows[0][0] < oldest:
-            self.rows.popleft()
+        self.count -= int(np.searchsorted(self.times[self._held()], oldest))
 
     def drift(self) -> Drift:
         """The window's statistics against its reference."""
-        rows = list(self.rows)
+        held = self._held()
         reference = self.reference
-        shape = (len(rows), len(rows[0][1]) if rows else 0)  # images x channels
-        means = np.array([row[1] for row in rows], dtype=np.float64).reshape(shape)
-        squares = np.array([row[2] for row in rows], dtype=np.float64).reshape(shape)
-        predicted = np.array([row[3] for row in rows], dtype=np.int64)
+        means, squares, predicted = self.means[held], self.squares[held], self.predicted[held]
+        times = self.times[held]
         mean, std, shift, ratio = statistics(means, squares, reference)
         classes = len(reference.classes) if reference is not None else 0
         counts = np.bincount(predicted, minlength=classes)
@@ -187,9 +206,9 @@ class Window:
             else (None, None, None)
         )
         return Drift(
-            len(rows),
-            rows[0][0] if rows else None,
-            rows[-1][0] if rows else None,
+            len(held),
+            float(times[0]) if len(held) else None,
+            float(times[-1]) if len(held) else None,
             mean,
             std,
             shift,
