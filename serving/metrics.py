@@ -175,7 +175,9 @@ class WatchMetrics:
             "Sampled images not logged because the payload buffer was full, per model.",
         )
         self.lost = counter(
-            "resnet_payload_log_lost", "Payload records the artifact store refused, per model."
+            "resnet_payload_log_lost",
+            "Payload records lost, per model: dropped past the bound while the artifact store "
+            "refused them, or still refused at a stop.",
         )
         self.deleted = counter(
             "resnet_payload_log_deleted_segments",
