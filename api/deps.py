@@ -1,4 +1,5 @@
-"""The routes' dependencies, as Annotated aliases: settings, a session, the caller's key."""
+"""The routes' dependencies and shared parameters, as Annotated aliases: settings, a session,
+the caller's key, a version number."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -148,3 +149,6 @@ async def _train_caller(principal: TrainKey, settings: SettingsDep) -> Caller:
 # owners (core.owners): to read, and to change.
 ReadCaller = Annotated[Caller, Depends(_read_caller)]
 TrainCaller = Annotated[Caller, Depends(_train_caller)]
+
+
+Version = Annotated[int, Path(ge=1, le=2**31 - 1)]  # a registered version's number, in a path

@@ -16,7 +16,7 @@ from typing import Annotated, ClassVar
 from fastapi import APIRouter, Body, Path, Response, status
 from fastapi.responses import StreamingResponse
 
-from api.deps import ReadCaller, SessionDep, SettingsDep, TrainCaller
+from api.deps import ReadCaller, SessionDep, SettingsDep, TrainCaller, Version
 from api.downloads import file_responses, opened, streamed
 from api.errors import (
     STORE_UNAVAILABLE,
@@ -36,7 +36,6 @@ from training.checkpoints import CheckpointError
 router = APIRouter(prefix="/registry", tags=["registry"])
 job_files = APIRouter(prefix="/jobs", tags=["jobs"])
 
-Version = Annotated[int, Path(ge=1, le=2**31 - 1)]
 Which = Annotated[
     str, Path(pattern=r"^(best|last|\d{1,9})$", description="best, last or a step number.")
 ]

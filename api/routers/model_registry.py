@@ -6,11 +6,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query, Request, status
+from fastapi import APIRouter, Body, Query, Request, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import ReadCaller, RefsDep, SessionDep, SettingsDep, TrainCaller
+from api.deps import ReadCaller, RefsDep, SessionDep, SettingsDep, TrainCaller, Version
 from api.errors import responses
 from api.schemas import (
     AliasIn,
@@ -209,7 +209,7 @@ def delete_alias(
 )
 def delete_version(
     name: str,
-    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    version: Version,
     session: SessionDep,
     settings: SettingsDep,
     refs: RefsDep,

@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, FastAPI, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
-from api.deps import ReadCaller, SessionDep, SettingsDep
+from api.deps import ReadCaller, SessionDep, SettingsDep, Version
 from api.downloads import file_responses, opened, streamed
 from api.errors import STORE_UNAVAILABLE, StoreDownError, responses
 from api.schemas import (
@@ -46,7 +46,6 @@ from training.data import DatasetInfo
 router = APIRouter(prefix="/registry", tags=["registry"])
 job_payloads = APIRouter(prefix="/jobs", tags=["jobs"])
 
-Version = Annotated[int, Path(ge=1, le=2**31 - 1)]
 SegmentName = Annotated[
     str,
     Path(
