@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -41,7 +39,16 @@ from serving.errors import (
 )
 from serving.files import Checked, all_failed, fitted_all, opened_all
 from serving.memo import SingleFlight
-from serving.process import Images, ProcessEnd, _Channel, _frame, launch, threads_for
+from serving.process import (
+    Images,
+    ProcessEnd,
+    _Channel,
+    _frame,
+    checkpoint_parser,
+    launch,
+    serve_socket,
+    threads_for,
+)
 from training import gradcam
 from training.checkpoints import CheckpointError
 from training.data import DatasetInfo
@@ -307,15 +314,9 @@ def _overlays(images: Images, heatmaps: Heatmaps) -> list[bytes]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Explain one checkpoint on an inherited socket.")
-    parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--sha256", required=True)
-    parser.add_argument("--device", default="cpu")
+    parser = checkpoint_parser("Explain one checkpoint on an inherited socket.")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    with socket.socket(fileno=args.fd) as sock, contextlib.suppress(ConnectionError):
-        serve(_Channel(sock), args)
+    serve_socket(serve, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

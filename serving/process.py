@@ -646,12 +646,28 @@ def serve(channel: _Channel, args: argparse.Namespace) -> None:
         channel.send(("batch", requests, counts, probabilities))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve one checkpoint on an inherited socket.")
+def checkpoint_parser(description: str) -> argparse.ArgumentParser:
+    """The command line every process `launch` starts takes: its socket's file descriptor
+    and the checkpoint it loads (path, sha256, device)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--sha256", required=True)
     parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def serve_socket(
+    serve: Callable[[_Channel, argparse.Namespace], None], args: argparse.Namespace
+) -> None:
+    """`serve` on the socket `args.fd` names, until the API's end of it closes."""
+    # ConnectionError: the API went away, and nobody is left to answer.
+    with socket.socket(fileno=args.fd) as sock, contextlib.suppress(ConnectionError):
+        serve(_Channel(sock), args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = checkpoint_parser("Serve one checkpoint on an inherited socket.")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-s", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=0)
@@ -661,10 +677,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision-tolerance", type=float, default=DEFAULT_PRECISION_TOLERANCE)
     parser.add_argument("--graph", type=Path, default=None)  # onnxruntime_int8's graph
     parser.add_argument("--graph-sha256", default=None)
-    args = parser.parse_args(argv)
-    # ConnectionError: the API went away, and nobody is left to answer.
-    with socket.socket(fileno=args.fd) as sock, contextlib.suppress(ConnectionError):
-        serve(_Channel(sock), args)
+    serve_socket(serve, parser.parse_args(argv))
 
 
 if __name__ == "__main__":
