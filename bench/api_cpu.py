@@ -14,7 +14,8 @@ of each round (`PREFIX.<mode>.c<conc>`); its call counts are exact whatever else
     .venv/bin/python -m bench.api_cpu --modes raw --conc 1,64 --profile /tmp/api
 
 To compare two trees, run the same file in each (copy it into the other tree's bench/
-when that tree lacks it): it imports the app of the tree it runs in.
+when that tree lacks it, and bench/predict_load.py where that one lacks `bench_model`): it
+imports the app of the tree it runs in.
 """
 
 from __future__ import annotations
@@ -22,17 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.api_load import bench_database, own_redis_db
-from bench.predict_load import Form, make_checkpoint, request_form, sample_png
-from core import model_registry
-from core.db.session import get_engine, session_scope
+from bench.predict_load import Form, bench_model, request_form, sample_png
 
 Message = dict[str, Any]
 
@@ -147,20 +143,9 @@ def main() -> None:
     parser.add_argument("--conc", default="64", help="Concurrencies, comma-separated.")
     parser.add_argument("--profile", default="", help="Write each round's cProfile here.")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="api-cpu-"))
-    artifacts = folder / "artifacts"
-    try:
-        with bench_database() as url, own_redis_db() as broker:
-            make_checkpoint(url, artifacts)
-            with session_scope(url) as session:
-                model_registry.set_alias(
-                    session=session, name="bench", alias="production", version=1
-                )
-            get_engine(url).dispose()
-            png = sample_png(folder).read_bytes()
-            asyncio.run(run(args, url, broker, artifacts, png))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with bench_model("api-cpu-") as bench:
+        png = sample_png(bench.folder).read_bytes()
+        asyncio.run(run(args, bench.url, bench.broker, bench.artifacts, png))
 
 
 if __name__ == "__main__":

@@ -25,17 +25,13 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import torch
 
-from bench.api_load import bench_database, own_redis_db
-from bench.predict_load import Load, api_server, make_checkpoint, sample_png, wrk
-from core import model_registry
-from core.db.session import get_engine, session_scope
+from bench.predict_load import Load, api_server, bench_model, sample_png, wrk
 from serving.process import forward_for, threads_for
 from training.predictor import Predictor
 
@@ -122,36 +118,20 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     load_before = os.getloadavg()[0]
-    folder = Path(tempfile.mkdtemp(prefix="resnet-backends-bench-"))
-    artifacts = folder / "artifacts"
-    try:
-        with bench_database() as url, own_redis_db() as broker:
-            make_checkpoint(url, artifacts)
-            with session_scope(url) as session:
-                target = model_registry.resolve(session=session, ref="bench")
-            get_engine(url).dispose()
-            png = sample_png(folder)
-            script = folder / "predict.lua"
-            script.write_text(MULTIPART.replace("{png}", str(png)))
-            env = {
-                "DATABASE_URL": url,
-                "BROKER_URL": broker,
-                "AUTH_ENABLED": "false",
-                "ARTIFACT_DIR": str(artifacts),
-                "DATA_DIR": str(folder / "data"),
-                "PREDICT_MAX_BATCH": "64",
-            }
-            loads = {
-                backend: served(env | {"PREDICT_BACKEND": backend}, script, png, args.seconds)
-                for backend in BACKENDS
-            }
-            path, sha256 = Path(target.path), target.sha256
-            bare = {backend: bare_ms(path, sha256, backend) for backend in BACKENDS}
-        report(bare, loads)
-        # Other processes on the machine skew every figure above: say how busy it was.
-        print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with bench_model("resnet-backends-bench-") as bench:
+        png = sample_png(bench.folder)
+        script = bench.folder / "predict.lua"
+        script.write_text(MULTIPART.replace("{png}", str(png)))
+        env = bench.env() | {"PREDICT_MAX_BATCH": "64"}
+        loads = {
+            backend: served(env | {"PREDICT_BACKEND": backend}, script, png, args.seconds)
+            for backend in BACKENDS
+        }
+        path, sha256 = Path(bench.target.path), bench.target.sha256
+        bare = {backend: bare_ms(path, sha256, backend) for backend in BACKENDS}
+    report(bare, loads)
+    # Other processes on the machine skew every figure above: say how busy it was.
+    print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

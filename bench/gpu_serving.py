@@ -41,9 +41,7 @@ from bench.predict_load import (
     request_form,
     sample_png,
 )
-from core import model_registry
 from core.db import schema
-from core.db.session import get_engine, session_scope
 from training import checkpoints
 from training.datasets import load_dataset
 from training.events import RecordingSink
@@ -163,9 +161,6 @@ def served_v2(
         url = f"sqlite:///{folder / 'bench.db'}"
         schema.upgrade(url)
         make_checkpoint(url, folder / "artifacts")
-        with session_scope(url) as session:
-            model_registry.set_alias(session=session, name="bench", alias="production", version=1)
-        get_engine(url).dispose()
         form = request_form("v2", sample_png(folder).read_bytes())
         env = {
             "DATABASE_URL": url,

@@ -18,17 +18,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench.api_load import bench_database, own_redis_db
-from bench.predict_load import api_server, make_checkpoint, sample_png
-from core import keys, model_registry
-from core.db.session import get_engine, session_scope
+from bench.predict_load import api_server, bench_model, sample_png
+from core import keys
+from core.db.session import session_scope
 from tests.services import free_port
 
 MODEL = "bench@production"
@@ -83,45 +79,27 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(level) for level in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
-    folder = Path(tempfile.mkdtemp(prefix="resnet-grpc-bench-"))
-    artifacts = folder / "artifacts"
-    try:
-        with bench_database() as url, own_redis_db() as broker:
-            make_checkpoint(url, artifacts)
-            with session_scope(url) as session:
-                model_registry.set_alias(
-                    session=session, name="bench", alias="production", version=1
-                )
-            key = None
-            if args.auth:
-                with session_scope(url) as session:
-                    made = keys.create_key(session=session, name="bench", scopes=["predict"])
-                key = f"Bearer {made[1]}"
-            get_engine(url).dispose()
-            grpc_port = free_port()
-            env = {
-                "DATABASE_URL": url,
-                "BROKER_URL": broker,
-                "AUTH_ENABLED": str(args.auth).lower(),
-                "ARTIFACT_DIR": str(artifacts),
-                "DATA_DIR": str(folder / "data"),
-                "GRPC_PORT": str(grpc_port),
-            }
-            png = sample_png(folder).read_bytes()
-            headers = {} if key is None else {"Authorization": key}
-            with api_server(env, headers) as base:
-                http_url = base.removeprefix("http://").removesuffix("/api/v1")
-                urls = {"grpc": f"127.0.0.1:{grpc_port}", "http": http_url}
-                print("| protocol | concurrency | req/s | p50 ms | p99 ms |")
-                print("| --- | ---: | ---: | ---: | ---: |")
-                for level in levels:
-                    for protocol in PROTOCOLS:
-                        rate, p50, p99 = measure(
-                            protocol, urls[protocol], png, key, level, args.seconds
-                        )
-                        print(f"| {protocol} | {level} | {rate:.0f} | {p50:.1f} | {p99:.1f} |")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with bench_model("resnet-grpc-bench-") as bench:
+        key = None
+        if args.auth:
+            with session_scope(bench.url) as session:
+                made = keys.create_key(session=session, name="bench", scopes=["predict"])
+            key = f"Bearer {made[1]}"
+        grpc_port = free_port()
+        env = bench.env(auth=args.auth) | {"GRPC_PORT": str(grpc_port)}
+        png = sample_png(bench.folder).read_bytes()
+        headers = {} if key is None else {"Authorization": key}
+        with api_server(env, headers) as base:
+            http_url = base.removeprefix("http://").removesuffix("/api/v1")
+            urls = {"grpc": f"127.0.0.1:{grpc_port}", "http": http_url}
+            print("| protocol | concurrency | req/s | p50 ms | p99 ms |")
+            print("| --- | ---: | ---: | ---: | ---: |")
+            for level in levels:
+                for protocol in PROTOCOLS:
+                    rate, p50, p99 = measure(
+                        protocol, urls[protocol], png, key, level, args.seconds
+                    )
+                    print(f"| {protocol} | {level} | {rate:.0f} | {p50:.1f} | {p99:.1f} |")
     # Other processes on these cores skew every figure above: say how busy it was.
     print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
 

@@ -40,7 +40,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,20 +49,17 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.api_load import bench_database, own_redis_db
 from bench.predict_load import (
     CONCURRENCY,
     Form,
     bare_forward,
-    make_checkpoint,
+    bench_model,
     request_form,
     sample_png,
     serve_and_load,
     wrk,
     wrk_script,
 )
-from core import model_registry
-from core.db.session import get_engine, session_scope
 from tests.services import free_port
 from training import export
 from training.predictor import Predictor
@@ -399,71 +395,53 @@ def main() -> None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     if not args.peers_python.exists():
         sys.exit(f"--peers-python: no {args.peers_python}")
-    folder = Path(tempfile.mkdtemp(prefix="resnet-peers-bench-"))
-    artifacts = folder / "artifacts"
     figures: list[Figure] = []
-    try:
-        with bench_database() as url, own_redis_db() as broker:
-            make_checkpoint(url, artifacts)
-            with session_scope(url) as session:
-                model_registry.set_alias(
-                    session=session, name="bench", alias="production", version=1
+    with bench_model("resnet-peers-bench-") as bench:
+        env = bench.env() | {
+            "PREDICT_THREADS": str(args.threads),
+            "PREDICT_MAX_BATCH": str(BATCH),
+        }
+        if args.replicas:
+            env["PREDICT_REPLICAS"] = str(args.replicas)
+        folder, target = bench.folder, bench.target
+        png_path = sample_png(folder)
+        png = png_path.read_bytes()
+        modes = sorted({OURS_FOR[peer] for peer in peers})
+        scripts = {mode: wrk_script(request_form(mode, png), folder, {}) for mode in modes}
+        for run in serve_and_load(env, {}, scripts, png_path, args.seconds):
+            figures.append(
+                Figure(
+                    "ours",
+                    run.mode,
+                    run.concurrency,
+                    run.requests_per_s,
+                    run.p50_ms,
+                    run.p99_ms,
+                    run.failed,
                 )
-                target = model_registry.resolve(session=session, ref="bench")
-            get_engine(url).dispose()
-            env = {
-                "DATABASE_URL": url,
-                "BROKER_URL": broker,
-                "AUTH_ENABLED": "false",
-                "ARTIFACT_DIR": str(artifacts),
-                "DATA_DIR": str(folder / "data"),
-                "PREDICT_THREADS": str(args.threads),
-                "PREDICT_MAX_BATCH": str(BATCH),
-            }
-            if args.replicas:
-                env["PREDICT_REPLICAS"] = str(args.replicas)
-            png_path = sample_png(folder)
-            png = png_path.read_bytes()
-            modes = sorted({OURS_FOR[peer] for peer in peers})
-            scripts = {mode: wrk_script(request_form(mode, png), folder, {}) for mode in modes}
-            for run in serve_and_load(env, {}, scripts, png_path, args.seconds):
-                figures.append(
-                    Figure(
-                        "ours",
-                        run.mode,
-                        run.concurrency,
-                        run.requests_per_s,
-                        run.p50_ms,
-                        run.p99_ms,
-                        run.failed,
-                    )
-                )
-            predictor = Predictor(Path(target.path), sha256=target.sha256, fold=True)
-            scripted, graph = write_models(predictor, folder)
-            starts = {
-                "torchserve": lambda: torchserve(args.peers_python, scripted, folder, png),
-                "triton": lambda: triton(args.peers_python, graph, folder, png),
-            }
-            forms = {
-                "torchserve": Form(
-                    "torchserve", "/predictions/resnet", {"Content-Type": "image/png"}, png
-                ),
-                "triton": triton_form(png),
-            }
-            for peer in peers:
-                try:
-                    with starts[peer]() as base:
-                        figures += load_peer(base, forms[peer], folder, args.seconds)
-                except (RuntimeError, subprocess.CalledProcessError) as error:
-                    # A peer that does not start here is said, and the others still run.
-                    print(f"{peer} did not serve: {error}", file=sys.stderr)
-            bare = bare_forward(
-                Path(target.path), target.sha256, [1, 64], fold=True, backend="auto"
             )
-        print(table(figures, bare))
-        print(f"\nload average (1 min) at the end {os.getloadavg()[0]:.2f}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        predictor = Predictor(Path(target.path), sha256=target.sha256, fold=True)
+        scripted, graph = write_models(predictor, folder)
+        starts = {
+            "torchserve": lambda: torchserve(args.peers_python, scripted, folder, png),
+            "triton": lambda: triton(args.peers_python, graph, folder, png),
+        }
+        forms = {
+            "torchserve": Form(
+                "torchserve", "/predictions/resnet", {"Content-Type": "image/png"}, png
+            ),
+            "triton": triton_form(png),
+        }
+        for peer in peers:
+            try:
+                with starts[peer]() as base:
+                    figures += load_peer(base, forms[peer], folder, args.seconds)
+            except (RuntimeError, subprocess.CalledProcessError) as error:
+                # A peer that does not start here is said, and the others still run.
+                print(f"{peer} did not serve: {error}", file=sys.stderr)
+        bare = bare_forward(Path(target.path), target.sha256, [1, 64], fold=True, backend="auto")
+    print(table(figures, bare))
+    print(f"\nload average (1 min) at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

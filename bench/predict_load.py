@@ -185,8 +185,9 @@ class Load:
         return sum(size * n for size, n in self.batches.items()) / max(1, passes)
 
 
-def make_checkpoint(url: str, artifacts: Path) -> None:
-    """A ResNet-20 checkpoint of a succeeded job, registered as `bench` (version 1)."""
+def make_checkpoint(url: str, artifacts: Path) -> model_registry.Resolved:
+    """A ResNet-20 checkpoint of a succeeded job, registered as `bench` (version 1, aliased
+    `production`); what `bench@production` resolves to, with the bench's engine disposed."""
     spec = TrainJobSpec.model_validate({**SPEC, "kind": "train"})
     with session_scope(url) as session:
         job_id = jobs.create(
@@ -217,6 +218,49 @@ def make_checkpoint(url: str, artifacts: Path) -> None:
         jobs.finish(session=session, job_id=job_id, token=held.token, status="succeeded")
     with session_scope(url) as session:
         model_registry.register(session=session, name="bench", job_id=job_id)
+    with session_scope(url) as session:
+        model_registry.set_alias(session=session, name="bench", alias="production", version=1)
+        target = model_registry.resolve(session=session, ref="bench@production")
+    get_engine(url).dispose()
+    return target
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The served model of a bench: its folder, databases and resolved checkpoint."""
+
+    folder: Path
+    url: str
+    broker: str
+    target: model_registry.Resolved
+
+    @property
+    def artifacts(self) -> Path:
+        """The artifact store the checkpoint is written to."""
+        return self.folder / "artifacts"
+
+    def env(self, *, auth: bool = False) -> dict[str, str]:
+        """The API's environment serving this model."""
+        return {
+            "DATABASE_URL": self.url,
+            "BROKER_URL": self.broker,
+            "AUTH_ENABLED": str(auth).lower(),
+            "ARTIFACT_DIR": str(self.artifacts),
+            "DATA_DIR": str(self.folder / "data"),
+        }
+
+
+@contextmanager
+def bench_model(prefix: str) -> Iterator[BenchModel]:
+    """`bench@production` in a fresh bench database and Redis database, in a temporary
+    folder (`prefix`); all three removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with bench_database() as url, own_redis_db() as broker:
+            target = make_checkpoint(url, folder / "artifacts")
+            yield BenchModel(folder, url, broker, target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def sample_png(folder: Path) -> Path:
@@ -688,61 +732,44 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     load_before = os.getloadavg()[0]
-    folder = Path(tempfile.mkdtemp(prefix="resnet-predict-bench-"))
-    artifacts = folder / "artifacts"
-    try:
-        with bench_database() as url, own_redis_db() as broker:
-            make_checkpoint(url, artifacts)
-            with session_scope(url) as session:
-                model_registry.set_alias(
-                    session=session, name="bench", alias="production", version=1
-                )
-                target = model_registry.resolve(session=session, ref="bench")
-            get_engine(url).dispose()
-            env = {
-                "DATABASE_URL": url,
-                "BROKER_URL": broker,
-                "AUTH_ENABLED": str(args.auth).lower(),
-                "ARTIFACT_DIR": str(artifacts),
-                "DATA_DIR": str(folder / "data"),
-                "PREDICT_REPLICAS": str(args.replicas),
-                "PREDICT_THREADS": str(args.threads),
-                "PREDICT_FOLD_BATCH_NORM": str(not args.no_fold).lower(),
-                "PREDICT_BACKEND": args.backend,
-            }
-            png = sample_png(folder)
-            headers = {}
-            if args.auth:  # every request is checked (kept for AUTH_CACHE_SECONDS)
-                with session_scope(url) as session:
-                    key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
-                headers = {"Authorization": f"Bearer {key[1]}"}
-            forms = {mode: request_form(mode, png.read_bytes()) for mode in modes}
-            scripts = {mode: wrk_script(form, folder, headers) for mode, form in forms.items()}
-            if args.overload:
-                form, script = forms[modes[0]], scripts[modes[0]]
-                run = overload(env, headers, form, script, png, args.seconds, args.queue)
-                report_overload(run, modes[0], args.queue, args.seconds)
-                load_after = os.getloadavg()[0]
-                print(f"\nload average (1 min) at start {load_before:.2f}, at end {load_after:.2f}")
-                return
-            batched = serve_and_load(
-                env | {"PREDICT_MAX_BATCH": "64"}, headers, scripts, png, args.seconds
-            )
-            first = {modes[0]: scripts[modes[0]]}
-            unbatched = serve_and_load(
-                env | {"PREDICT_MAX_BATCH": "1"}, headers, first, png, args.seconds
-            )
-            sizes = sorted({1, 64, *(formed_batch(load) for load in batched)})
-            path, sha256 = Path(target.path), target.sha256
-            served = bare_forward(path, sha256, sizes, fold=not args.no_fold, backend=args.backend)
-            bare = {"served": served}
-            if not args.no_fold:  # and the net as trained, which the targets name too
-                bare["eager"] = bare_forward(path, sha256, sizes, fold=False)
-        report(batched, unbatched, bare)
-        # Other processes on these 2 cores skew every figure above: say how busy it was.
-        print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with bench_model("resnet-predict-bench-") as bench:
+        env = bench.env(auth=args.auth) | {
+            "PREDICT_REPLICAS": str(args.replicas),
+            "PREDICT_THREADS": str(args.threads),
+            "PREDICT_FOLD_BATCH_NORM": str(not args.no_fold).lower(),
+            "PREDICT_BACKEND": args.backend,
+        }
+        png = sample_png(bench.folder)
+        headers = {}
+        if args.auth:  # every request is checked (kept for AUTH_CACHE_SECONDS)
+            with session_scope(bench.url) as session:
+                key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
+            headers = {"Authorization": f"Bearer {key[1]}"}
+        forms = {mode: request_form(mode, png.read_bytes()) for mode in modes}
+        scripts = {mode: wrk_script(form, bench.folder, headers) for mode, form in forms.items()}
+        if args.overload:
+            form, script = forms[modes[0]], scripts[modes[0]]
+            run = overload(env, headers, form, script, png, args.seconds, args.queue)
+            report_overload(run, modes[0], args.queue, args.seconds)
+            load_after = os.getloadavg()[0]
+            print(f"\nload average (1 min) at start {load_before:.2f}, at end {load_after:.2f}")
+            return
+        batched = serve_and_load(
+            env | {"PREDICT_MAX_BATCH": "64"}, headers, scripts, png, args.seconds
+        )
+        first = {modes[0]: scripts[modes[0]]}
+        unbatched = serve_and_load(
+            env | {"PREDICT_MAX_BATCH": "1"}, headers, first, png, args.seconds
+        )
+        sizes = sorted({1, 64, *(formed_batch(load) for load in batched)})
+        path, sha256 = Path(bench.target.path), bench.target.sha256
+        served = bare_forward(path, sha256, sizes, fold=not args.no_fold, backend=args.backend)
+        bare = {"served": served}
+        if not args.no_fold:  # and the net as trained, which the targets name too
+            bare["eager"] = bare_forward(path, sha256, sizes, fold=False)
+    report(batched, unbatched, bare)
+    # Other processes on these 2 cores skew every figure above: say how busy it was.
+    print(f"\nload average (1 min) at start {load_before:.2f}, at end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
