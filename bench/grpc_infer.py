@@ -23,8 +23,6 @@ import time
 import numpy as np
 
 from bench.predict_load import api_server, bench_model, sample_png
-from core import keys
-from core.db.session import session_scope
 from tests.services import free_port
 
 MODEL = "bench@production"
@@ -80,11 +78,7 @@ def main() -> None:
     levels = [int(level) for level in args.concurrency.split(",")]
     load_before = os.getloadavg()[0]
     with bench_model("resnet-grpc-bench-") as bench:
-        key = None
-        if args.auth:
-            with session_scope(bench.url) as session:
-                made = keys.create_key(session=session, name="bench", scopes=["predict"])
-            key = f"Bearer {made[1]}"
+        key = bench.bearer() if args.auth else None
         grpc_port = free_port()
         env = bench.env(auth=args.auth) | {"GRPC_PORT": str(grpc_port)}
         png = sample_png(bench.folder).read_bytes()

@@ -249,6 +249,12 @@ class BenchModel:
             "DATA_DIR": str(self.folder / "data"),
         }
 
+    def bearer(self) -> str:
+        """A new API key's Authorization value, to predict and read."""
+        with session_scope(self.url) as session:
+            _, key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
+        return f"Bearer {key}"
+
 
 @contextmanager
 def bench_model(prefix: str) -> Iterator[BenchModel]:
@@ -740,11 +746,8 @@ def main() -> None:
             "PREDICT_BACKEND": args.backend,
         }
         png = sample_png(bench.folder)
-        headers = {}
-        if args.auth:  # every request is checked (kept for AUTH_CACHE_SECONDS)
-            with session_scope(bench.url) as session:
-                key = keys.create_key(session=session, name="bench", scopes=["predict", "read"])
-            headers = {"Authorization": f"Bearer {key[1]}"}
+        # With --auth every request is checked (kept for AUTH_CACHE_SECONDS).
+        headers = {"Authorization": bench.bearer()} if args.auth else {}
         forms = {mode: request_form(mode, png.read_bytes()) for mode in modes}
         scripts = {mode: wrk_script(form, bench.folder, headers) for mode, form in forms.items()}
         if args.overload:

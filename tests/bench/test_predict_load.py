@@ -20,5 +20,6 @@ def test_the_bench_model_resolves_its_checkpoint_and_removes_its_folder() -> Non
         assert env["AUTH_ENABLED"] == "true"
         assert env["ARTIFACT_DIR"] == str(bench.folder / "artifacts")
         assert bench.env()["AUTH_ENABLED"] == "false"
+        assert bench.bearer().startswith("Bearer ")
         folder = bench.folder
     assert not folder.exists()
