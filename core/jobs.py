@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -411,15 +411,7 @@ def take_expired(*, session: Session, lease_seconds: int) -> list[uuid.UUID]:
     # Rows locked by a writer are skipped, not waited for: a writer frozen mid-transaction
     # must not hold up the reaping of every other job (its lock goes with its session).
     unlocked = select(Job.id).where(abandoned).with_for_update(skip_locked=True)
-    # Touching updated_at is the reaper's claim: concurrent reapers re-check the condition.
-    return list(
-        session.scalars(
-            update(Job)
-            .where(Job.id.in_(unlocked.scalar_subquery()), abandoned)
-            .values(updated_at=utcnow())
-            .returning(Job.id)
-        )
-    )
+    return _take(session, unlocked, abandoned)
 
 
 def take_stale_queued(*, session: Session, older_than_s: float, limit: int) -> list[uuid.UUID]:
@@ -432,10 +424,18 @@ def take_stale_queued(*, session: Session, older_than_s: float, limit: int) -> l
         Job.updated_at < utcnow() - timedelta(seconds=older_than_s),
     )
     oldest = select(Job.id).where(stale).order_by(Job.created_at).limit(limit)
+    return _take(session, oldest, stale)
+
+
+def _take(
+    session: Session, chosen: Select[uuid.UUID], still: ColumnElement[bool]
+) -> list[uuid.UUID]:
+    """The ids of the `chosen` jobs that are `still` so, their updated_at touched."""
+    # Touching updated_at is the taker's claim: a concurrent taker re-checks `still`.
     return list(
         session.scalars(
             update(Job)
-            .where(Job.id.in_(oldest.scalar_subquery()), stale)
+            .where(Job.id.in_(chosen.scalar_subquery()), still)
             .values(updated_at=utcnow())
             .returning(Job.id)
         )
