@@ -49,27 +49,48 @@ class StoreOutageError(RuntimeError):
     """The object store stayed unreachable for a whole lease."""
 
 
+def with_backoff(
+    watchdog: Watchdog,
+    action: Callable[[], T],
+    unreachable: type[Exception] | tuple[type[Exception], ...],
+    give_up: Callable[[Exception, float], Exception | None],
+    *,
+    what: str,
+) -> T:
+    """Run `action`, retried with doubling delays while it raises `unreachable` (`what` is
+    unreachable), until `give_up` (given the error and the next delay) returns the error
+    to raise instead."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            return action()
+        except unreachable as error:
+            stop = give_up(error, delay)
+            if stop is not None:
+                raise stop from error
+            log.warning(
+                "job %s: %s unreachable; retry in %.1f s", watchdog.claim.job_id, what, delay
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
+
+
 def while_store_reachable(watchdog: Watchdog, action: Callable[[], T]) -> T:
     """Run `action`, retried with backoff while the object store is unreachable, for at most
     a lease from the first failure (the heartbeat keeps the lease meanwhile; the job is then
     handed back, to run again later, perhaps elsewhere)."""
     deadline = time.monotonic() + watchdog.lease_seconds
-    delay = RETRY_FIRST_S
-    while True:
-        try:
-            return action()
-        except StoreUnavailableError as error:
-            if watchdog.lost.is_set():
-                raise jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease") from error
-            if time.monotonic() + delay > deadline or watchdog.handing_back:
-                raise StoreOutageError(
-                    f"the object store stayed unreachable for {watchdog.lease_seconds} s: {error}"
-                ) from error
-            log.warning(
-                "job %s: object store unreachable; retry in %.1f s", watchdog.claim.job_id, delay
+
+    def give_up(error: Exception, delay: float) -> Exception | None:
+        if watchdog.lost.is_set():
+            return jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease")
+        if time.monotonic() + delay > deadline or watchdog.handing_back:
+            return StoreOutageError(
+                f"the object store stayed unreachable for {watchdog.lease_seconds} s: {error}"
             )
-            time.sleep(delay)
-            delay = min(2 * delay, RETRY_MAX_S)
+        return None
+
+    return with_backoff(watchdog, action, StoreUnavailableError, give_up, what="object store")
 
 
 class CheckpointHome(Protocol):

@@ -40,7 +40,7 @@ from core.settings import Settings
 from core.studies import search
 from training import checkpoints
 from training.checkpoints import CheckpointInfo, Fence
-from worker.homes import RETRY_FIRST_S, RETRY_MAX_S, CheckpointHome, LocalHome
+from worker.homes import CheckpointHome, LocalHome, with_backoff
 from worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -71,21 +71,19 @@ class OwnerBudget:
 def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) -> T:
     """Run `write` in a transaction, retried with backoff while the database is unreachable
     and the lease lasts (another worker may take the job after it)."""
-    delay = RETRY_FIRST_S
-    while True:
-        try:
-            with session_scope(url) as session:
-                return write(session)
-        except UNAVAILABLE as error:
-            if watchdog.lease_left < delay:
-                raise DatabaseUnavailableError(
-                    f"the database stayed unreachable until the lease ran out: {error}"
-                ) from error
-            log.warning(
-                "job %s: database unreachable; retry in %.1f s", watchdog.claim.job_id, delay
+
+    def attempt() -> T:
+        with session_scope(url) as session:
+            return write(session)
+
+    def give_up(error: Exception, delay: float) -> Exception | None:
+        if watchdog.lease_left < delay:
+            return DatabaseUnavailableError(
+                f"the database stayed unreachable until the lease ran out: {error}"
             )
-            time.sleep(delay)
-            delay = min(2 * delay, RETRY_MAX_S)
+        return None
+
+    return with_backoff(watchdog, attempt, UNAVAILABLE, give_up, what="database")
 
 
 class DatabaseSink:
