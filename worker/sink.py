@@ -4,7 +4,9 @@ Every write carries the claim's fencing token (`core.jobs`), so a worker that lo
 lease writes nothing more; its checkpoint files are fenced the same way
 (`training.checkpoints.Fence`). Metric points are buffered and written in batches. While the
 database is unreachable a write is retried with backoff for as long as the lease lasts; then
-`DatabaseUnavailableError` stops the job, which is handed back rather than failed.
+`DatabaseUnavailableError` stops the job, which is handed back rather than failed. A write
+that finds the database unreachable once the lease has run out (the process was paused past
+it) raises `LeaseLost`: another worker may own the job by then.
 
 Each checkpoint goes to its `CheckpointHome` (`worker.homes`) before its row names it: the
 local folder that is the store, or an object store (`ARTIFACT_STORE=s3`) it is put to, whose
@@ -77,6 +79,10 @@ def while_leased(url: str, watchdog: Watchdog, write: Callable[[Session], T]) ->
             return write(session)
 
     def give_up(error: Exception, delay: float) -> Exception | None:
+        if watchdog.lease_left <= 0:
+            # Past its lease (a process paused, then resumed) another worker may own the
+            # job, as the watchdog finds too: the lease is lost, whatever the database says.
+            return jobs.LeaseLost(f"job {watchdog.claim.job_id} lost its lease")
         if watchdog.lease_left < delay:
             return DatabaseUnavailableError(
                 f"the database stayed unreachable until the lease ran out: {error}"

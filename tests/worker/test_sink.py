@@ -1,6 +1,7 @@
 """The database sink called directly on Postgres: metric points in batches, events and
-checkpoint rows written under the claim's token, nothing more once the lease is lost, and a
-database gone for the lease's length stopping the job."""
+checkpoint rows written under the claim's token, nothing more once the lease is lost, a
+database gone for the lease's length stopping the job, and one found gone past the lease
+meaning the lease is lost."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from core.settings import Settings
 from core.storage import store_for
 from tests.helpers import checkpoint_rows, messages, metric_counts, metric_steps, new_job
 from training.checkpoints import BEST, CheckpointInfo, sha256_of
-from worker.homes import StoredHome
+from worker.homes import RETRY_FIRST_S, StoredHome
 from worker.sink import DatabaseSink, DatabaseUnavailableError, while_leased
 from worker.watchdog import Watchdog
 
@@ -122,13 +123,27 @@ def test_a_cancel_request_or_overtime_stops_the_run(settings: Settings) -> None:
     assert other.should_stop()
 
 
-def test_a_database_gone_until_the_lease_runs_out_stops_the_job(settings: Settings) -> None:
+def test_a_database_gone_until_the_lease_runs_out_stops_the_job(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sink = _sink(settings, url=NOWHERE)
-    sink.watchdog.renewed -= settings.lease_seconds  # no lease left to retry in
+    # Less lease left than the first retry's delay: no time to retry in.
+    monkeypatch.setattr(Watchdog, "lease_left", property(lambda _: RETRY_FIRST_S / 2))
     with pytest.raises(DatabaseUnavailableError, match="until the lease ran out"):
         sink.on_event("info", "lost")
     with pytest.raises(DatabaseUnavailableError):
         while_leased(NOWHERE, sink.watchdog, lambda session: session.scalar(select(1)))
+    assert not sink.watchdog.lost.is_set()
+
+
+def test_a_database_gone_once_the_lease_ran_out_means_the_lease_is_lost(
+    settings: Settings,
+) -> None:
+    sink = _sink(settings, url=NOWHERE)
+    sink.watchdog.renewed -= settings.lease_seconds + 1  # paused past its lease, say
+    with pytest.raises(jobs.LeaseLost, match="lost its lease"):
+        sink.on_event("info", "too late")
+    assert sink.watchdog.lost.is_set()
 
 
 def test_with_a_store_each_checkpoint_is_put_and_its_row_names_its_key(
