@@ -65,7 +65,7 @@ def list_presets(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
     """The papers' experiments that `study run PRESET` repeats."""
-    rows = [_preset(preset) for preset in presets.PRESETS.values()]
+    rows = [preset.described() for preset in presets.PRESETS.values()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -75,20 +75,6 @@ def list_presets(
     for row in rows:
         table.add_row(row["name"], row["source"], row["title"], row["metric"])
     _console().print(table)
-
-
-def _preset(preset: presets.Preset) -> dict[str, Any]:
-    """A preset as `GET /studies/presets` gives it."""
-    return {
-        "name": preset.name,
-        "title": preset.title,
-        "source": preset.source,
-        "description": preset.description,
-        "metric": preset.metric,
-        "note": preset.note,
-        "quick_datasets": list(preset.quick_datasets),
-        "recipe": {scale: preset.recipe_note(scale) for scale in ("quick", "paper")},
-    }
 
 
 def run(

@@ -146,6 +146,20 @@ class Preset:
         """The papers' number for a cell (a fraction), or None where they give none."""
         return self.numbers(cell)
 
+    def described(self) -> dict[str, Any]:
+        """What a list of presets shows of it: its source, what it shows, its metric and
+        quick datasets, and its recipe at each scale in words."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "source": self.source,
+            "description": self.description,
+            "metric": self.metric,
+            "note": self.note,
+            "quick_datasets": list(self.quick_datasets),
+            "recipe": {scale: self.recipe_note(scale) for scale in SCALES},
+        }
+
     def recipe_note(self, scale: Scale) -> str:
         """The recipe of `scale` in words: budget, warm-up, schedule, and what differs."""
         layout = self.layout(scale)

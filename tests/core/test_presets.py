@@ -98,6 +98,14 @@ def test_the_presets_are_the_papers_experiments_in_the_papers_order() -> None:
         assert preset.recipe_note("quick") != preset.recipe_note("paper")
 
 
+def test_a_preset_is_described_with_its_recipe_at_each_scale() -> None:
+    preset = presets.get("cifar_depth")
+    described = preset.described()
+    assert (described["name"], described["metric"]) == (preset.name, preset.metric)
+    assert described["quick_datasets"] == list(preset.quick_datasets)
+    assert described["recipe"] == {scale: preset.recipe_note(scale) for scale in presets.SCALES}
+
+
 def test_the_grids_hold_the_papers_nets() -> None:
     def names(preset: str, scale: Scale) -> list[Any]:
         plan = presets.get(preset).plan(dataset={"name": "cifar10"}, scale=scale, seeds=1)
