@@ -25,13 +25,12 @@ import argparse
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import torch
 
-from bench.predict_load import Load, api_server, bench_model, sample_png, wrk
+from bench.predict_load import Load, api_server, bench_model, best_forward_s, sample_png, wrk
 from serving.process import forward_for, threads_for
 from training.predictor import Predictor
 
@@ -58,20 +57,9 @@ def bare_ms(
     torch.set_num_threads(threads_for(1))  # what a model process's forward gets
     predictor = Predictor(path, sha256=sha256, fold=True)
     forward = forward_for(predictor, backend, torch.get_num_threads())
-    found = {}
-    for size in SIZES:
-        batch = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8)
-        for _ in range(3):
-            forward(batch)
-        best = float("inf")
-        for _ in range(rounds):  # the best round: the least disturbed by the CPU's others
-            count, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
-                forward(batch)
-                count += 1
-            best = min(best, (time.perf_counter() - started) / count)
-        found[size] = best * 1000
-    return found
+    return {
+        size: best_forward_s(forward, size, rounds=rounds, seconds=seconds) * 1000 for size in SIZES
+    }
 
 
 def served(env: dict[str, str], script: Path, png: Path, seconds: int) -> list[Load]:

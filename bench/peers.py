@@ -54,6 +54,7 @@ from bench.predict_load import (
     Form,
     bare_forward,
     bench_model,
+    binary_infer,
     request_form,
     sample_png,
     serve_and_load,
@@ -238,25 +239,7 @@ with Triton(config=config) as triton:
 
 def triton_form(png: bytes) -> Form:
     """The Triton request: a BYTES input [1, 1] (its batch dimension, then the element)."""
-    element = len(png).to_bytes(4, "little") + png
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "IMAGE_BYTES",
-                    "datatype": "BYTES",
-                    "shape": [1, 1],
-                    "parameters": {"binary_data_size": len(element)},
-                }
-            ],
-            "outputs": [{"name": "PROBABILITIES", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    headers = {
-        "Content-Type": "application/octet-stream",
-        "Inference-Header-Content-Length": str(len(header)),
-    }
-    return Form("triton", "/v2/models/resnet/infer", headers, header + element)
+    return binary_infer("triton", "/v2/models/resnet/infer", png, shape=[1, 1])
 
 
 def _ready(url: str, process: subprocess.Popen[bytes], form: Form, what: str) -> None:

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -127,27 +127,33 @@ def request_form(mode: str, png: bytes) -> Form:
     if mode == "raw":
         return Form(mode, predict, {"Content-Type": "image/png"}, png)
     if mode == "v2":
-        # The BYTES element: its 4-byte little-endian length, then the file (Triton's form).
-        element = len(png).to_bytes(4, "little") + png
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "IMAGE_BYTES",
-                        "datatype": "BYTES",
-                        "shape": [1],
-                        "parameters": {"binary_data_size": len(element)},
-                    }
-                ],
-                "outputs": [{"name": "PROBABILITIES", "parameters": {"binary_data": True}}],
-            }
-        ).encode()
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Inference-Header-Content-Length": str(len(header)),
-        }
-        return Form(mode, "/v2/models/bench@production/infer", headers, header + element)
+        return binary_infer(mode, "/v2/models/bench@production/infer", png, shape=[1])
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def binary_infer(mode: str, target: str, png: bytes, *, shape: list[int]) -> Form:
+    """An Open Inference Protocol infer in the binary form: `png` as the one BYTES element
+    of an input of `shape`, the probabilities asked back as raw FP32."""
+    # The BYTES element: its 4-byte little-endian length, then the file (Triton's form).
+    element = len(png).to_bytes(4, "little") + png
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IMAGE_BYTES",
+                    "datatype": "BYTES",
+                    "shape": shape,
+                    "parameters": {"binary_data_size": len(element)},
+                }
+            ],
+            "outputs": [{"name": "PROBABILITIES", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return Form(mode, target, headers, header + element)
 
 
 def wrk_script(form: Form, folder: Path, headers: dict[str, str]) -> Path:
@@ -427,27 +433,35 @@ def bare_forward(
 
     With `fold`, the serving form the model processes run; without, the eager net.
     """
-    # The best round: the figure least disturbed by whatever else shares the CPU.
     predictor = Predictor(path, sha256=sha256, fold=fold)
     forward = forward_for(predictor, backend_for(backend, "cpu"), torch.get_num_threads())
     results = {}
     for size in sizes:
-        batch = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8)
-        for _ in range(3):
-            forward(batch)
-        best = float("inf")
-        for _ in range(rounds):
-            count, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
-                forward(batch)
-                count += 1
-            best = min(best, (time.perf_counter() - started) / count)
+        best = best_forward_s(forward, size, rounds=rounds, seconds=seconds)
         results[size] = (size / best, best * 1000)
     return results
 
 
 GOAL_RAW_OF_BARE = 0.70  # raw and v2 binary c64 req/s / bare served forward at the formed batch
 GOAL_MULTIPART_OF_RAW = 0.85  # multipart c64 req/s / raw body's c64 req/s
+
+
+def best_forward_s(
+    forward: Callable[[torch.Tensor], object], size: int, *, rounds: int, seconds: float
+) -> float:
+    """Seconds per forward pass of a uint8 batch of `size` 32x32 images, after three
+    unmeasured: the best of `rounds` rounds of `seconds` each."""
+    batch = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8)
+    for _ in range(3):
+        forward(batch)
+    best = float("inf")
+    for _ in range(rounds):  # the best round: the least disturbed by the CPU's others
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            forward(batch)
+            count += 1
+        best = min(best, (time.perf_counter() - started) / count)
+    return best
 
 
 def of_bare(load: Load, bare: dict[int, tuple[float, float]]) -> float:
