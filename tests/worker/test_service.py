@@ -187,10 +187,10 @@ def test_a_worker_that_lost_its_lease_stops_without_writing(service: Service) ->
     url = service.url
     job_id = submit(service.settings, train_spec(epochs=1000))
     wait_for(lambda: job(url, job_id).step > 0, 60, "the job to run")
-    # Another delivery takes the job over (as after a network partition).
+    # Another delivery takes the job over (as after a network partition): in one
+    # transaction, so the worker's heartbeat cannot renew the lease in between.
     with session_scope(url) as session:
         session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow()))
-    with session_scope(url) as session:
         thief = jobs.claim(
             session=session, job_id=job_id, worker="thief", device="cpu", lease_seconds=600
         )
