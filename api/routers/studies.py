@@ -38,7 +38,7 @@ from core.db.tables import Job, Study
 from core.kinds import train
 from core.queue import enqueue_committed
 from core.settings import Settings
-from core.studies import grid, presets, results, search, service, trials
+from core.studies import presets, results, search, service, trials
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -129,13 +129,9 @@ def _preview(request: service.Request, settings: Settings) -> StudyPreview:
             cells=[],
             jobs=request.search.trials,
         )
-    expanded = grid.expand(
-        request.base,
-        request.grid,
-        request.seeds,
+    expanded = service.expand(
+        request=request,
         settings=settings,
-        name=request.name,
-        tags=list(request.tags),
         max_jobs=settings.max_study_jobs,
         max_families=settings.max_study_net_families,
     )

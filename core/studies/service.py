@@ -90,15 +90,8 @@ def create(
             owner_key_id=owner_key_id,
             idempotency_key=idempotency_key,
         )
-    expanded = grid.expand(
-        request.base,
-        request.grid,
-        request.seeds,
-        settings=settings,
-        name=request.name,
-        tags=tags,
-        max_jobs=max_jobs,
-        max_families=max_families,
+    expanded = expand(
+        request=request, settings=settings, max_jobs=max_jobs, max_families=max_families
     )
     preset = presets.get(request.preset) if request.preset else None
     study = Study(
@@ -133,6 +126,22 @@ def create(
             study=(study.id, cell, True),
         )
     return study
+
+
+def expand(
+    *, request: Request, settings: Settings, max_jobs: int, max_families: int | None = None
+) -> grid.Expanded:
+    """A grid request's cells, each with its jobs' specs, held to the budgets given."""
+    return grid.expand(
+        request.base,
+        request.grid,
+        request.seeds,
+        settings=settings,
+        name=request.name,
+        tags=list(request.tags),
+        max_jobs=max_jobs,
+        max_families=max_families,
+    )
 
 
 def check(*, request: Request, settings: Settings, max_jobs: int) -> None:
